@@ -1,0 +1,192 @@
+"""The torch.compile backend: Dynamo graph → split at splitting ops → Inductor per piece (cached) → runtime."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from vgc import _compat
+from vgc.cache import debug_files
+from vgc.cache.entry import open_store
+from vgc.compiler import compile_piece, find_size_source, piece_key, returns_tuple, unwrap_single
+from vgc.config import CompilationConfig, CUDAGraphMode
+from vgc.counters import counters
+from vgc.piecewise import CompiledPiece
+from vgc.split import Piece, split_graph
+
+logger = logging.getLogger("vgc")
+
+
+class CompileAfterWarmupError(RuntimeError):
+    """Raised when something would trace or compile after `warmup()` sealed a compiled model."""
+
+
+@dataclass
+class GraphRecord:
+    """What one backend invocation built, for `stats()`, the demo and tests."""
+    pieces: list[Piece]
+    compiled: dict[str, CompiledPiece]
+    unique_keys: set[str]
+    cache_dir: str | None
+    computation_graph: str | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    artifacts_compiled: int = 0
+    artifacts_loaded: int = 0
+    device_type: str = "cpu"
+
+
+def _device_type(example_inputs: list) -> str:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device.type
+    return "cpu"
+
+
+def _piece_example_inputs(split_gm: fx.GraphModule, example_inputs: list) -> dict[str, tuple]:
+    """Run the split graph on fake tensors to learn each piece's (symbolic) inputs."""
+    fake_mode = _compat.detect_fake_mode(example_inputs)
+    recorded: dict[str, tuple] = {}
+
+    class Recorder(fx.Interpreter):
+        def call_module(self, target, args, kwargs):
+            recorded[target] = args
+            return super().call_module(target, args, kwargs)
+
+    if fake_mode is None:  # called outside Dynamo (e.g. directly on a GraphModule): trace with real inputs
+        Recorder(split_gm).run(*example_inputs)
+        return recorded
+    fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    with fake_mode:
+        Recorder(split_gm).run(*fake_inputs)
+    return recorded
+
+
+class VgcBackend:
+    """`torch.compile(model, backend=vgc.VgcBackend(config))`. One instance may compile several graphs."""
+
+    def __init__(self, config: CompilationConfig | None = None):
+        self.config = config if config is not None else CompilationConfig()
+        self.graphs: list[GraphRecord] = []
+        self.sealed = False   # set by vgc.compile after warm-up: compiling again is an error
+        self._memo: dict[str, Callable] = {}   # artifact name -> compiled callable, shared by identical pieces
+        self._seen_keys: set[str] = set()
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list, options: dict | None = None,
+                 mode: str | None = None) -> Callable:
+        if options or mode:
+            raise ValueError("pass options through CompilationConfig when using a VgcBackend instance "
+                             "(torch.compile(..., options=...) is for backend='vgc')")
+        if self.sealed:
+            raise CompileAfterWarmupError(
+                "vgc: a new Dynamo trace/compile was requested after warmup(); the inputs no longer match the "
+                "traced graph. Warm up with inputs like the ones you serve, or mark the changing dims dynamic.")
+        return self._compile_graph(gm, example_inputs)
+
+    def _compile_graph(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
+        counters.dynamo_traces += 1
+        config = self.config
+        seconds: dict[str, float] = {}
+        device_type = _device_type(example_inputs)
+        self._warn_cudagraph(device_type)
+
+        start = time.perf_counter()
+        store = open_store(config, device_type, _compat.traced_code_objects())
+        seconds["cache_key"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        split_gm, pieces = split_graph(gm, config.splitting_ops)
+        piece_inputs = _piece_example_inputs(split_gm, example_inputs)
+        seconds["split"] = time.perf_counter() - start
+
+        record = GraphRecord(pieces=pieces, compiled={}, unique_keys=set(), cache_dir=None, computation_graph=None,
+                             device_type=device_type)
+        start = time.perf_counter()
+        loaded_before, compiled_before = counters.artifacts_loaded, counters.inductor_compiles
+        for piece in pieces:
+            counters.pieces += 1
+            if piece.is_splitting:
+                counters.splitting_pieces += 1
+                # Bound forward skips nn.Module.__call__: attention pieces run eagerly with no hook overhead.
+                split_gm.__dict__[piece.name] = piece.module.forward
+                continue
+            if piece.name not in piece_inputs:  # dead piece (never called)
+                continue
+            compiled = self._compile_piece(piece, list(piece_inputs[piece.name]), store)
+            record.compiled[piece.name] = compiled
+            record.unique_keys.add(compiled.key)
+            split_gm.__dict__[piece.name] = compiled
+        seconds["compile"] = time.perf_counter() - start
+        record.artifacts_loaded = counters.artifacts_loaded - loaded_before
+        record.artifacts_compiled = counters.inductor_compiles - compiled_before
+        record.seconds = seconds
+
+        record.cache_dir = str(store.directory) if store.directory is not None else None
+        record.computation_graph = debug_files.write_computation_graph(store, split_gm, pieces, len(self.graphs))
+        debug_files.expect_transformed_code(store)
+        self.graphs.append(record)
+        logger.info("vgc: graph %d: %d pieces (%d unique compiled), %d compiled, %d loaded in %.2f s%s",
+                    len(self.graphs) - 1, len(pieces), len(record.unique_keys), record.artifacts_compiled,
+                    record.artifacts_loaded, seconds["compile"],
+                    f"; cache {record.cache_dir}" if record.cache_dir else "")
+        # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
+        return split_gm.forward
+
+    def _compile_piece(self, piece: Piece, example_inputs: list, store) -> CompiledPiece:
+        inductor_config = self.config.inductor_compile_config
+        key = piece_key(piece.module, example_inputs, extra=repr(sorted(inductor_config.items())))
+        size_source = find_size_source(example_inputs)
+        single = not returns_tuple(piece.module)
+        if key not in self._seen_keys:
+            self._seen_keys.add(key)
+            counters.unique_pieces += 1
+
+        def build(size: int | None) -> Callable:
+            name = f"piece-{key}-{'dynamic' if size is None else size}"
+            fn = self._memo.get(name)
+            if fn is None:
+                artifact = store.load_or_compile(
+                    name,
+                    lambda: compile_piece(piece.module, example_inputs, size=size, size_source=size_source,
+                                          inductor_config=inductor_config),
+                    meta={"piece": piece.name, "size": size})
+                fn = unwrap_single(artifact) if single else artifact
+                self._memo[name] = fn
+            return fn
+
+        dynamic_fn = build(None)
+        static_fns = {}
+        if size_source is not None:
+            static_fns = {size: build(size) for size in self.config.compile_sizes}
+        elif self.config.compile_sizes:
+            logger.debug("vgc: %s has no single symbolic size; compile_sizes do not apply to it", piece.name)
+        return CompiledPiece(piece.name, key, dynamic_fn, static_fns, size_source)
+
+    def _warn_cudagraph(self, device_type: str) -> None:
+        mode = self.config.resolved_cudagraph_mode(device_type)
+        if mode != CUDAGraphMode.NONE and self.config.cudagraph_mode is not None:
+            logger.warning("vgc: cudagraph_mode=%s is accepted but has no effect yet (CUDA graphs are not built)",
+                           mode.value)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "graphs": len(self.graphs),
+            "pieces": sum(len(g.pieces) for g in self.graphs),
+            "unique_compiled_pieces": len(set().union(*(g.unique_keys for g in self.graphs))) if self.graphs else 0,
+            "artifacts_compiled": sum(g.artifacts_compiled for g in self.graphs),
+            "artifacts_loaded": sum(g.artifacts_loaded for g in self.graphs),
+            "cache_dirs": sorted({g.cache_dir for g in self.graphs if g.cache_dir}),
+        }
+
+
+def vgc_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None,
+                mode: str | None = None) -> Callable:
+    """The backend registered as "vgc": `torch.compile(model, backend="vgc", options={...})`."""
+    if mode is not None:
+        raise ValueError(f"backend='vgc' takes no mode (got mode={mode!r}); pass CompilationConfig fields "
+                         "through options=..., e.g. options={'compile_sizes': [1, 8]}")
+    return VgcBackend(CompilationConfig.from_options(options))(gm, example_inputs)

@@ -1,0 +1,66 @@
+"""Readable debug files written beside the artifacts: the split graph and Dynamo's transformed bytecode."""
+
+from __future__ import annotations
+
+import dis
+import io
+import logging
+import threading
+
+import torch.fx as fx
+
+from vgc import _compat
+
+logger = logging.getLogger("vgc")
+
+
+def write_computation_graph(store, split_gm: fx.GraphModule, pieces, graph_index: int) -> str | None:
+    if store.directory is None:
+        return None
+    lines = [f"# vgc split graph {graph_index}: {len(pieces)} pieces; "
+             "pieces marked [eager] run uncompiled at the splitting ops, the others are compiled by Inductor."]
+    for piece in pieces:
+        lines.append(f"#   {piece.name}: {'[eager]' if piece.is_splitting else '[compiled]'}")
+    body = split_gm.print_readable(print_output=False)
+    name = "computation_graph.py" if graph_index == 0 else f"computation_graph_{graph_index}.py"
+    return str(store.write_text(name, "\n".join(lines) + "\n\n" + body))
+
+
+# Dynamo hands the transformed bytecode to hooks only after the backend returns; remember where it goes.
+_pending = threading.local()
+_hook_handle = None
+
+
+def expect_transformed_code(store) -> None:
+    global _hook_handle
+    if store.directory is None:
+        return
+    _pending.store = store
+    if _hook_handle is None:
+        _hook_handle = _compat.register_bytecode_hook(_on_bytecode)
+
+
+def _on_bytecode(code, new_code):
+    store = getattr(_pending, "store", None)
+    if store is None:
+        return None
+    _pending.store = None
+    try:
+        store.write_text("transformed_code.py", render_transformed_code(code, new_code))
+    except Exception as e:  # a debug file must never break compilation
+        logger.debug("vgc: could not write transformed_code.py: %s", e)
+    return None
+
+
+def render_transformed_code(code, new_code) -> str:
+    header = (f"# Dynamo's transformed bytecode for {code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:"
+              f"{code.co_firstlineno}).\n")
+    try:
+        import depyf
+
+        return header + "# decompiled by depyf\n" + depyf.decompile(new_code)
+    except Exception:
+        out = io.StringIO()
+        dis.dis(new_code, file=out)
+        return (header + "# install the optional 'depyf' package for decompiled source; disassembly follows.\n"
+                + "TRANSFORMED_BYTECODE = r'''\n" + out.getvalue() + "'''\n")

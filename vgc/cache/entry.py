@@ -1,0 +1,62 @@
+"""Choose the cache entry (directory) for a graph from its key factors, or none when caching is off."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from vgc import envs
+from vgc.cache.keys import cache_key, environment_factors, source_factors
+from vgc.cache.store import ArtifactStore, NoStore
+from vgc.config import CompilationConfig
+
+logger = logging.getLogger("vgc")
+
+CACHE_SUBDIR = "torch_compile_cache"
+
+# Inductor's own cache (compiled kernels, the CPU ISA probe) sets this variable itself on first use, so the
+# user's choice can only be seen before that.
+_USER_INDUCTOR_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def cache_enabled() -> bool:
+    return not envs.disable_compile_cache()
+
+
+def save_format(config: CompilationConfig) -> str:
+    if config.compile_cache_save_format is not None:
+        return config.compile_cache_save_format.value
+    return envs.compile_cache_save_format() or "binary"
+
+
+def cache_root(config: CompilationConfig) -> Path:
+    return Path(config.cache_dir).expanduser() if config.cache_dir else envs.cache_root()
+
+
+def rank_dir_name() -> str:
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    dp = int(os.environ.get("VGC_DP_RANK", "0"))
+    return f"rank_{rank}_{dp}"
+
+
+def _use_inductor_cache_under(root: Path) -> None:
+    """Keep Inductor's kernel cache beside vgc's artifacts so that copying the root copies built kernels too."""
+    if _USER_INDUCTOR_CACHE_DIR is None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor_cache")
+
+
+def open_store(config: CompilationConfig, device_type: str, code_objects) -> ArtifactStore | NoStore:
+    if not cache_enabled():
+        return NoStore()
+    fmt = save_format(config)
+    key, factors = cache_key(config.hash_factors(), environment_factors(device_type), source_factors(code_objects))
+    root = cache_root(config)
+    directory = root / CACHE_SUBDIR / key / rank_dir_name()
+    store = ArtifactStore(directory, fmt)
+    store.write_factors(factors)
+    _use_inductor_cache_under(root)
+    logger.info("vgc: using cache directory %s", directory)
+    return store

@@ -1,0 +1,1 @@
+"""CUDA graph capture and replay (not built yet: `cudagraph_mode` other than NONE logs a warning)."""

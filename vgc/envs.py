@@ -1,0 +1,53 @@
+"""Environment variables vgc reads. `VGC_*` names win over their `VLLM_*` aliases; bad values are errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _lookup(name: str) -> tuple[str, str] | None:
+    """Return (variable name, value) for VGC_<name>, else VLLM_<name>, else None."""
+    for prefix in ("VGC_", "VLLM_"):
+        var = prefix + name
+        if var in os.environ:
+            return var, os.environ[var]
+    return None
+
+
+def _flag(name: str) -> bool:
+    found = _lookup(name)
+    if found is None:
+        return False
+    var, raw = found
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{var}={raw!r} is not a boolean; use 1 or 0")
+
+
+def disable_compile_cache() -> bool:
+    return _flag("DISABLE_COMPILE_CACHE")
+
+
+def compile_cache_save_format() -> str | None:
+    found = _lookup("COMPILE_CACHE_SAVE_FORMAT")
+    if found is None:
+        return None
+    var, raw = found
+    value = raw.strip().lower()
+    if value not in ("binary", "unpacked"):
+        raise ValueError(f"{var}={raw!r} is not a cache format; use 'binary' or 'unpacked'")
+    return value
+
+
+def cache_root() -> Path:
+    root = os.environ.get("VGC_CACHE_ROOT")
+    if root:
+        return Path(root).expanduser()
+    return Path.home() / ".cache" / "vgc"

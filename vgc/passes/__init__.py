@@ -1,0 +1,1 @@
+"""Graph passes run on the Dynamo graph before splitting (none are enabled yet)."""
