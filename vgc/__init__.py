@@ -5,11 +5,12 @@ __version__ = "0.1.0"
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesConfig, DynamicShapesType  # noqa: E402
 from vgc.counters import counters  # noqa: E402
 from vgc.backend import CompileAfterWarmupError, VgcBackend, vgc_backend  # noqa: E402
+from vgc.api import CompiledModel, InputMismatchError, compile  # noqa: E402
 from vgc import _compat  # noqa: E402
 
 _compat.register_backend_by_name("vgc", vgc_backend)
 
 __all__ = [
     "CompilationConfig", "CUDAGraphMode", "DynamicShapesConfig", "DynamicShapesType", "VgcBackend",
-    "CompileAfterWarmupError", "counters", "__version__",
+    "CompileAfterWarmupError", "CompiledModel", "InputMismatchError", "compile", "counters", "__version__",
 ]

@@ -160,3 +160,24 @@ def register_backend_by_name(name: str, backend: Callable) -> None:
     if name in registry._COMPILER_FNS or _entry_point_provides(name):
         return
     registry.register_backend(compiler_fn=backend, name=name)
+
+
+@functools.cache
+def _passthrough_type(cls: type) -> type:
+    from torch._dynamo.exc import ShortenTraceback
+
+    def __init__(self, *args):
+        ShortenTraceback.__init__(self, *args, first_useful_frame=None)
+
+    return type(cls.__name__, (cls, ShortenTraceback), {"__init__": __init__, "__module__": cls.__module__})
+
+
+def through_dynamo(exc: Exception) -> Exception:
+    """An exception of the same type (a subclass) that Dynamo re-raises unwrapped from a backend.
+
+    Dynamo wraps backend errors in BackendCompilerFailed; users should see vgc's own ValueError or
+    CompileAfterWarmupError, which `except`/`pytest.raises` on that type then catch.
+    """
+    new = _passthrough_type(type(exc))(*exc.args)
+    new.__cause__ = exc.__cause__
+    return new

@@ -78,14 +78,17 @@ class VgcBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list, options: dict | None = None,
                  mode: str | None = None) -> Callable:
-        if options or mode:
-            raise ValueError("pass options through CompilationConfig when using a VgcBackend instance "
-                             "(torch.compile(..., options=...) is for backend='vgc')")
-        if self.sealed:
-            raise CompileAfterWarmupError(
-                "vgc: a new Dynamo trace/compile was requested after warmup(); the inputs no longer match the "
-                "traced graph. Warm up with inputs like the ones you serve, or mark the changing dims dynamic.")
-        return self._compile_graph(gm, example_inputs)
+        try:
+            if options or mode:
+                raise ValueError("pass options through CompilationConfig when using a VgcBackend instance "
+                                 "(torch.compile(..., options=...) is for backend='vgc')")
+            if self.sealed:
+                raise CompileAfterWarmupError(
+                    "vgc: a new Dynamo trace/compile was requested after warmup(); the inputs no longer match the "
+                    "traced graph. Warm up with inputs like the ones you serve, or mark the changing dims dynamic.")
+            return self._compile_graph(gm, example_inputs)
+        except (ValueError, CompileAfterWarmupError) as e:
+            raise _compat.through_dynamo(e) from e
 
     def _compile_graph(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         counters.dynamo_traces += 1
@@ -186,7 +189,11 @@ class VgcBackend:
 def vgc_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None,
                 mode: str | None = None) -> Callable:
     """The backend registered as "vgc": `torch.compile(model, backend="vgc", options={...})`."""
-    if mode is not None:
-        raise ValueError(f"backend='vgc' takes no mode (got mode={mode!r}); pass CompilationConfig fields "
-                         "through options=..., e.g. options={'compile_sizes': [1, 8]}")
-    return VgcBackend(CompilationConfig.from_options(options))(gm, example_inputs)
+    try:
+        if mode is not None:
+            raise ValueError(f"backend='vgc' takes no mode (got mode={mode!r}); pass CompilationConfig fields "
+                             "through options=..., e.g. options={'compile_sizes': [1, 8]}")
+        config = CompilationConfig.from_options(options)
+    except ValueError as e:
+        raise _compat.through_dynamo(e) from e
+    return VgcBackend(config)(gm, example_inputs)

@@ -1,0 +1,221 @@
+"""`vgc.compile`: trace once with Dynamo, drop its guards, compile everything at warm-up, never compile again."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from vgc import _compat
+from vgc.backend import CompileAfterWarmupError, VgcBackend
+from vgc.config import CompilationConfig, DynamicShapesType
+from vgc.counters import counters
+
+logger = logging.getLogger("vgc")
+
+DimSpec = int | list[int] | tuple[int, ...] | dict[int, str]
+
+
+class InputMismatchError(TypeError):
+    """A call's inputs differ from the traced ones in a way the compiled graph cannot serve."""
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    dtype: torch.dtype
+    device: torch.device
+    ndim: int
+    static_dims: tuple[tuple[int, int], ...]   # (dim, size) of every dim that is not dynamic
+
+    def check(self, where: str, t: Any) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise InputMismatchError(f"{where}: expected a tensor as traced, got {type(t).__name__}")
+        if t.dtype != self.dtype:
+            raise InputMismatchError(f"{where}: dtype {t.dtype} differs from the traced {self.dtype}; "
+                                     "cast the input or compile a second model for this dtype")
+        if t.device != self.device:
+            raise InputMismatchError(f"{where}: device {t.device} differs from the traced {self.device}")
+        if t.dim() != self.ndim:
+            raise InputMismatchError(f"{where}: rank {t.dim()} differs from the traced rank {self.ndim}")
+        shape = t.shape
+        for dim, size in self.static_dims:
+            if shape[dim] != size:
+                raise InputMismatchError(
+                    f"{where}: size {shape[dim]} of dim {dim} differs from the traced {size}, and that dim is "
+                    f"static; add it to dynamic_arg_dims to make it dynamic")
+
+
+def _normalize_dims(name: str, spec: DimSpec, ndim: int) -> dict[int, str | None]:
+    """{dim: shape_id} with negative dims resolved against the tensor's rank."""
+    if isinstance(spec, int):
+        items = {spec: None}
+    elif isinstance(spec, (list, tuple)):
+        items = {d: None for d in spec}
+    elif isinstance(spec, dict):
+        items = dict(spec)
+    else:
+        raise ValueError(f"dynamic_arg_dims[{name!r}] must be an int, a list of ints or a dict dim -> shape id, "
+                         f"got {spec!r}")
+    out = {}
+    for dim, shape_id in items.items():
+        if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+            raise ValueError(f"dynamic_arg_dims[{name!r}]: dim {dim!r} is out of range for a {ndim}-d tensor")
+        out[dim % ndim] = shape_id
+    return out
+
+
+def _tensors_of(value: Any) -> list[tuple[str, torch.Tensor]]:
+    """Tensors directly in an argument: the tensor itself, or the tensors of a list/tuple."""
+    if isinstance(value, torch.Tensor):
+        return [("", value)]
+    if isinstance(value, (list, tuple)):
+        return [(f"[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+    return []
+
+
+class CompiledModel:
+    """What `vgc.compile` returns: call it like the model; `warmup()` first to compile everything up front."""
+
+    def __init__(self, model: Callable, config: CompilationConfig | None = None,
+                 dynamic_arg_dims: dict[str, DimSpec] | None = None):
+        self.model = model
+        self.config = config if config is not None else CompilationConfig()
+        forward = model.forward if isinstance(model, torch.nn.Module) else model
+        self._signature = inspect.signature(forward)
+        unknown = sorted(set(dynamic_arg_dims or {}) - set(self._signature.parameters))
+        if unknown:
+            raise ValueError(f"dynamic_arg_dims names unknown argument(s) {unknown}; "
+                             f"the model takes {list(self._signature.parameters)}")
+        self.dynamic_arg_dims = dynamic_arg_dims
+        self.backend = VgcBackend(self.config)
+        self._compiled = torch.compile(model, backend=self.backend, fullgraph=True, dynamic=False,
+                                       options={"guard_filter_fn": _compat.skip_all_guards})
+        self._specs: dict[str, Any] | None = None
+        self._dynamic: dict[str, dict[int, str | None]] = {}
+        self._seconds: dict[str, float] = {}
+        self.warmed_up = False
+
+    # ---- calling ----
+    def __call__(self, *args, **kwargs):
+        if self._specs is None:
+            return self._trace(args, kwargs)
+        self._check(args, kwargs)
+        return self._compiled(*args, **kwargs)
+
+    def _bind(self, args, kwargs) -> dict[str, Any]:
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments
+
+    def _dims_for(self, name: str, tensor: torch.Tensor) -> dict[int, str | None]:
+        if self.dynamic_arg_dims is None:
+            return {0: None} if tensor.dim() > 0 else {}
+        spec = self.dynamic_arg_dims.get(name)
+        return {} if spec is None else _normalize_dims(name, spec, tensor.dim())
+
+    def _trace(self, args, kwargs):
+        arguments = self._bind(args, kwargs)
+        mode = self.config.dynamic_shapes_config.type
+        specs: dict[str, Any] = {}
+        for name, value in arguments.items():
+            tensors = _tensors_of(value)
+            if not tensors:
+                specs[name] = ("value", value) if value is None or isinstance(value, (bool, int, float, str)) \
+                    else ("other", type(value))
+                continue
+            specs[name] = ("tensors", type(value), len(value) if isinstance(value, (list, tuple)) else None, {})
+            for suffix, tensor in tensors:
+                dims = self._dims_for(name, tensor) if suffix == "" else {}
+                self._dynamic[name + suffix] = dims
+                self._mark(name + suffix, tensor, dims, mode)
+                static = tuple((d, s) for d, s in enumerate(tensor.shape) if d not in dims)
+                specs[name][3][suffix] = _TensorSpec(tensor.dtype, tensor.device, tensor.dim(), static)
+        if not any(self._dynamic.values()):
+            logger.warning("vgc: no dynamic dims were marked; the model is compiled for these exact shapes")
+        start = time.perf_counter()
+        compiled_before = counters.inductor_compiles
+        with _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS):
+            out = self._compiled(*args, **kwargs)
+        total = time.perf_counter() - start
+        self._specs = specs
+        backend_s = sum(sum(g.seconds.values()) for g in self.backend.graphs)
+        self._seconds.update(first_call=total, backend=backend_s, dynamo_trace_and_run=total - backend_s)
+        logger.info("vgc: traced once and %s %d artifacts in %.2f s",
+                    "compiled" if counters.inductor_compiles > compiled_before else "loaded",
+                    sum(g.artifacts_compiled + g.artifacts_loaded for g in self.backend.graphs), total)
+        return out
+
+    @staticmethod
+    def _mark(where: str, tensor: torch.Tensor, dims: dict[int, str | None], mode: DynamicShapesType) -> None:
+        for dim, shape_id in dims.items():
+            if mode == DynamicShapesType.UNBACKED:
+                _compat.mark_unbacked(tensor, dim, shape_id)
+                continue
+            if mode == DynamicShapesType.BACKED and tensor.shape[dim] < 2:
+                raise ValueError(
+                    f"{where}: dim {dim} has size {tensor.shape[dim]} at the first call; BACKED dynamic shapes "
+                    "specialise sizes 0 and 1, so the single trace must use a size >= 2. Call warmup(make_inputs) "
+                    "or first call with a larger input, or use DynamicShapesType.UNBACKED")
+            _compat.mark_dynamic(tensor, dim)
+
+    def _check(self, args, kwargs) -> None:
+        arguments = self._bind(args, kwargs)
+        for name, spec in self._specs.items():
+            value = arguments[name]
+            kind = spec[0]
+            if kind == "value":
+                if value != spec[1] or type(value) is not type(spec[1]):
+                    raise InputMismatchError(
+                        f"argument {name!r} is {value!r} but was {spec[1]!r} when traced; the traced value is "
+                        "baked into the compiled graph (compile another model for the other value)")
+            elif kind == "tensors":
+                _, container, length, tensor_specs = spec
+                if container is not torch.Tensor and (not isinstance(value, (list, tuple)) or len(value) != length):
+                    raise InputMismatchError(f"argument {name!r} must be a {container.__name__} of {length} "
+                                             f"items as traced, got {type(value).__name__}")
+                for suffix, tspec in tensor_specs.items():
+                    item = value if suffix == "" else value[int(suffix[1:-1])]
+                    tspec.check(f"argument {name + suffix!r}", item)
+            elif value is None:
+                raise InputMismatchError(f"argument {name!r} was not None when traced and is None now")
+
+    # ---- warm-up ----
+    def warmup(self, make_inputs: Callable[[int], Any], trace_size: int | None = None) -> dict[str, Any]:
+        """Trace once, compile or load every piece for the symbolic size and every compile size, then seal.
+
+        `make_inputs(n)` returns the model's kwargs (a dict) or args (a tuple) for a dynamic size `n`.
+        """
+        if self.warmed_up:
+            return self.stats()
+        start = time.perf_counter()
+        if self._specs is None:
+            size = trace_size if trace_size is not None else max([16, *self.config.compile_sizes])
+            self._call_with(make_inputs(size))
+        for size in self.config.compile_sizes:
+            self._call_with(make_inputs(size))
+        self.backend.sealed = True
+        self.warmed_up = True
+        self._seconds["warmup"] = time.perf_counter() - start
+        return self.stats()
+
+    def _call_with(self, inputs):
+        return self(**inputs) if isinstance(inputs, dict) else self(*inputs)
+
+    def stats(self) -> dict[str, Any]:
+        report = self.backend.stats()
+        report.update(warmed_up=self.warmed_up, seconds=dict(self._seconds), counters=counters.as_dict(),
+                      dynamic_dims={k: sorted(v) for k, v in self._dynamic.items() if v})
+        return report
+
+
+def compile(model: Callable, config: CompilationConfig | None = None,
+            dynamic_arg_dims: dict[str, DimSpec] | None = None) -> CompiledModel:
+    """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks.
+
+    `dynamic_arg_dims` maps argument names to their dynamic dims (default: dim 0 of every tensor argument).
+    """
+    return CompiledModel(model, config, dynamic_arg_dims)
