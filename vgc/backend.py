@@ -183,6 +183,7 @@ class VgcBackend:
             "artifacts_compiled": sum(g.artifacts_compiled for g in self.graphs),
             "artifacts_loaded": sum(g.artifacts_loaded for g in self.graphs),
             "cache_dirs": sorted({g.cache_dir for g in self.graphs if g.cache_dir}),
+            "computation_graphs": [g.computation_graph for g in self.graphs if g.computation_graph],
         }
 
 

@@ -7,13 +7,12 @@ import os
 from pathlib import Path
 
 from vgc import envs
-from vgc.cache.keys import cache_key, environment_factors, source_factors
+from vgc.cache.inventory import CACHE_SUBDIR, closest_entry
+from vgc.cache.keys import cache_key, environment_factors, source_factors, traced_source_files
 from vgc.cache.store import ArtifactStore, NoStore
 from vgc.config import CompilationConfig
 
 logger = logging.getLogger("vgc")
-
-CACHE_SUBDIR = "torch_compile_cache"
 
 # Inductor's own cache (compiled kernels, the CPU ISA probe) sets this variable itself on first use, so the
 # user's choice can only be seen before that.
@@ -48,15 +47,29 @@ def _use_inductor_cache_under(root: Path) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor_cache")
 
 
+def explain_new_entry(root: Path, key: str, factors: dict) -> None:
+    """On a miss, name what differs from the closest existing entry: a silent miss costs a full compile."""
+    nearest = closest_entry(root, factors)
+    if nearest is None:
+        logger.info("vgc: cache miss: no entry under %s yet; compiling", root / CACHE_SUBDIR)
+        return
+    entry, differences = nearest
+    logger.info("vgc: cache miss for %s; closest entry %s differs in: %s", key, entry.hash, "; ".join(differences))
+
+
 def open_store(config: CompilationConfig, device_type: str, code_objects) -> ArtifactStore | NoStore:
     if not cache_enabled():
         return NoStore()
     fmt = save_format(config)
-    key, factors = cache_key(config.hash_factors(), environment_factors(device_type), source_factors(code_objects))
+    paths = traced_source_files(code_objects)
+    key, factors = cache_key(config.hash_factors(), environment_factors(device_type), source_factors(paths))
     root = cache_root(config)
     directory = root / CACHE_SUBDIR / key / rank_dir_name()
+    if not directory.exists():
+        explain_new_entry(root, key, factors)
     store = ArtifactStore(directory, fmt)
-    store.write_factors(factors)
+    # Paths are kept beside the key (never in it) so that `vgc cache why-miss` can re-hash the sources.
+    store.write_factors({"hash": key, "factors": factors, "source_paths": paths})
     _use_inductor_cache_under(root)
     logger.info("vgc: using cache directory %s", directory)
     return store

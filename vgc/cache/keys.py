@@ -62,18 +62,47 @@ def _file_digest(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def source_factors(code_objects: Iterable) -> list[list[str]]:
-    """[file name, content hash] of every traced source file outside torch (torch is keyed by its build)."""
-    files = sorted({code.co_filename for code in code_objects})
-    out = []
-    for path in files:
-        if not os.path.isfile(path) or os.path.abspath(path).startswith(_TORCH_DIR):
-            continue
-        out.append([os.path.basename(path), _file_digest(path)])
-    return sorted(out)
+def traced_source_files(code_objects: Iterable) -> list[str]:
+    """Absolute paths of the traced source files outside torch (torch itself is keyed by its build)."""
+    files = {os.path.abspath(code.co_filename) for code in code_objects}
+    return sorted(p for p in files if os.path.isfile(p) and not p.startswith(_TORCH_DIR + os.sep))
+
+
+def source_factors(paths: Iterable[str]) -> list[list[str]]:
+    """[file name, content hash] per traced file: contents, never paths, enter the key."""
+    return sorted([os.path.basename(p), _file_digest(p)] for p in paths)
 
 
 def cache_key(config_factors: dict[str, Any], env_factors: dict[str, Any],
               sources: list[list[str]]) -> tuple[str, dict[str, Any]]:
     factors = {"config": config_factors, "environment": env_factors, "sources": sources}
     return _digest(factors, 20), factors
+
+
+def flatten_factors(factors: dict[str, Any]) -> dict[str, Any]:
+    """{'config.compile_sizes': [...], 'sources.llama.py': '<hash>', ...} for comparing two entries."""
+    flat: dict[str, Any] = {}
+    for section, value in factors.items():
+        if section == "sources":
+            for i, (name, digest) in enumerate(value):
+                flat[f"sources.{name}" if f"sources.{name}" not in flat else f"sources.{name}#{i}"] = digest
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                flat[f"{section}.{k}"] = v
+        else:
+            flat[section] = value
+    return flat
+
+
+def diff_factors(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable differences, one per factor, from a stored entry to the current environment."""
+    a, b = flatten_factors(stored), flatten_factors(current)
+    out = []
+    for name in sorted(set(a) | set(b)):
+        if name not in a:
+            out.append(f"{name}: not in the cached entry (now {b[name]!r})")
+        elif name not in b:
+            out.append(f"{name}: no longer present (was {a[name]!r})")
+        elif a[name] != b[name]:
+            out.append(f"{name}: {a[name]!r} -> {b[name]!r}")
+    return out

@@ -1,0 +1,5 @@
+import sys
+
+from vgc.cli import main
+
+sys.exit(main())
