@@ -1,0 +1,179 @@
+"""vgc::attention against the slow reference, on CPU.
+
+Tolerance: fp32 inputs, atol 1e-5 (the reference works in float64).
+"""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from vgc.ops import attention, reference_attention
+from vgc.ops.attention import _attend_math, _attend_sdpa, _paged_attention
+
+ATOL = 1e-5
+
+
+def make_case(specs, num_heads=4, num_kv_heads=2, head_dim=8, block_size=4,
+              pad=0, seed=0):
+    """Op arguments (output excluded) for sequences given as
+    (cached context length, new tokens), plus `pad` padding tokens.
+
+    Context slots hold random K/V; every other cache slot holds NaN and
+    unused block_table entries are out of range, so that reading a wrong
+    block or past seq_len shows in the result or raises."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [c + q for c, q in specs]
+    needed = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(needed) + 3
+    physical = torch.randperm(num_blocks, generator=gen).tolist()
+    block_table = torch.full((len(specs), max(needed + [1]) + 1),
+                             num_blocks + 100, dtype=torch.int32)
+    for b, n in enumerate(needed):
+        block_table[b, :n] = torch.tensor(physical[:n], dtype=torch.int32)
+        physical = physical[n:]
+
+    def slot(b, p):
+        return int(block_table[b, p // block_size]) * block_size \
+            + p % block_size
+
+    slots = [slot(b, p) for b, (c, q) in enumerate(specs)
+             for p in range(c, c + q)] + [-1] * pad
+    context = [slot(b, p) for b, (c, _) in enumerate(specs) for p in range(c)]
+    num_tokens = len(slots)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    def cache():
+        flat = torch.full((num_blocks * block_size, num_kv_heads, head_dim),
+                          float("nan"))
+        flat[context] = rand(len(context), num_kv_heads, head_dim)
+        return flat.unflatten(0, (num_blocks, block_size))
+
+    return dict(
+        query=rand(num_tokens, num_heads, head_dim),
+        key=rand(num_tokens, num_kv_heads, head_dim),
+        value=rand(num_tokens, num_kv_heads, head_dim),
+        key_cache=cache(),
+        value_cache=cache(),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        block_table=block_table,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor([0] + [q for _, q in specs])
+        .cumsum(0).to(torch.int32),
+        scale=head_dim ** -0.5,
+    )
+
+
+def assert_same(a, b):
+    torch.testing.assert_close(a, b, atol=0, rtol=0, equal_nan=True)
+
+
+def run_op(case, impl="op"):
+    """Runs on copies of the caches; returns (output, key_cache, value_cache)."""
+    args = dict(case, key_cache=case["key_cache"].clone(),
+                value_cache=case["value_cache"].clone())
+    output = torch.full_like(case["query"], float("nan"))
+    if impl == "op":
+        torch.ops.vgc.attention(output, **args)
+    else:  # the CUDA path, exercised on CPU
+        _paged_attention(output, **args, use_sdpa=True)
+    return output, args["key_cache"], args["value_cache"]
+
+
+CASES = {
+    "prefill": dict(specs=[(0, 5), (0, 3), (0, 9)]),
+    "prefill_mqa": dict(specs=[(0, 6), (0, 2)], num_kv_heads=1),
+    "prefill_mha": dict(specs=[(0, 7)], num_kv_heads=4),
+    "decode": dict(specs=[(c, 1) for c in (1, 3, 4, 8, 13)]),
+    "mixed": dict(specs=[(0, 5), (7, 1), (13, 4), (9, 0), (0, 0), (2, 3)]),
+    "padded": dict(specs=[(0, 4), (6, 1)], pad=3),
+}
+
+
+@pytest.mark.parametrize("impl", ["op", "sdpa"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_reference(name, impl):
+    case = make_case(**CASES[name])
+    out, kc, vc = run_op(case, impl)
+    ref_out, ref_kc, ref_vc = reference_attention(**case)
+    torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=0)
+    assert_same(kc, ref_kc)
+    assert_same(vc, ref_vc)
+
+
+def test_padding_rows_zeroed_and_negative_slots_write_nothing():
+    case = make_case([(0, 4), (6, 1)], pad=3)
+    out, kc, vc = run_op(case)
+    assert torch.count_nonzero(out[5:]) == 0
+
+    written = case["slot_mapping"][case["slot_mapping"] >= 0]
+    for new, old, src in ((kc, case["key_cache"], case["key"]),
+                          (vc, case["value_cache"], case["value"])):
+        expect = old.clone().flatten(0, 1)
+        expect[written] = src[:5]
+        assert_same(new.flatten(0, 1), expect)
+
+
+def test_queries_only_see_their_past():
+    # Changing the newest key may only change the newest query's output.
+    case = make_case([(5, 3)])
+    out, _, _ = run_op(case)
+    bumped = dict(case, key=case["key"].clone())
+    bumped["key"][-1] += 10.0
+    out2, _, _ = run_op(bumped)
+    torch.testing.assert_close(out2[:-1], out[:-1], atol=0, rtol=0)
+    assert not torch.allclose(out2[-1], out[-1])
+
+
+def test_attend_math_and_sdpa_agree():
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 6, 8, generator=gen)
+    k, v = torch.randn(2, 7, 2, 8, generator=gen)
+    torch.testing.assert_close(_attend_math(q, k, v, 0.3),
+                               _attend_sdpa(q, k, v, 0.3), atol=ATOL, rtol=0)
+
+
+def test_bf16_close_to_reference():
+    case = make_case(**CASES["mixed"])
+    case16 = {k: v.bfloat16() if torch.is_tensor(v) and v.is_floating_point()
+              else v for k, v in case.items()}
+    out, _, _ = run_op(case16)
+    ref_out, _, _ = reference_attention(**case16)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2,
+                               rtol=2e-2)
+
+
+def test_fake_impl():
+    case = make_case(**CASES["mixed"])
+    with FakeTensorMode() as mode:
+        fake = {k: mode.from_tensor(v) if torch.is_tensor(v) else v
+                for k, v in case.items()}
+        output = torch.empty_like(fake["query"])
+        assert torch.ops.vgc.attention(output, **fake) is None
+        assert output.shape == case["query"].shape
+
+
+def test_opcheck_schema_and_fake():
+    case = make_case(**CASES["mixed"])
+    args = (torch.zeros_like(case["query"]), *case.values())
+    torch.library.opcheck(attention, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("name, change", [
+    ("key", lambda c: c.update(key=c["key"][..., :4])),
+    ("value", lambda c: c.update(value=c["value"][:-1])),
+    ("key_cache", lambda c: c.update(key_cache=c["key_cache"][:, :, :1])),
+    ("slot_mapping", lambda c: c.update(slot_mapping=c["slot_mapping"].float())),
+    ("block_table", lambda c: c.update(block_table=c["block_table"][:1])),
+    ("query_start_loc",
+     lambda c: c.update(query_start_loc=c["query_start_loc"][:-1])),
+    ("seq_lens", lambda c: c.update(seq_lens=c["seq_lens"] - 4)),
+])
+def test_bad_argument_raises_naming_it(name, change):
+    case = make_case([(0, 3), (4, 2)])
+    change(case)
+    with pytest.raises(ValueError, match=name):
+        run_op(case)

@@ -1,0 +1,274 @@
+"""Reference Llama-style decoder with random weights, served over a paged KV
+cache through ``torch.ops.vgc.attention``.
+
+The forward is written for the compiler: pure torch ops apart from the
+attention op, no host syncs, no Python branches on shapes or values, and every
+layer traced from the same code with the same constants, so that the layers'
+FX graphs are identical and can be deduplicated.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from .. import ops as _ops  # noqa: F401  (registers torch.ops.vgc.attention)
+
+__all__ = ["LlamaConfig", "Llama", "tiny_config", "llama_1b_config",
+           "make_kv_caches", "make_batch"]
+
+
+@dataclasses.dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position: int = 1024
+    block_size: int = 16
+    num_blocks: int = 1280
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        # Fixed block_table width, so that batches differ only in their
+        # number of tokens and sequences, not in this dimension.
+        return -(-self.max_position // self.block_size)
+
+
+def tiny_config() -> LlamaConfig:
+    # 1280 blocks of 16 hold 640 decode sequences (context <= 30 tokens, two
+    # blocks each) or 4 prefill sequences of up to max_position tokens.
+    return LlamaConfig(vocab_size=256, hidden_size=64, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=16,
+                       intermediate_size=128, max_position=1024,
+                       block_size=16, num_blocks=1280)
+
+
+def llama_1b_config() -> LlamaConfig:
+    # Llama-3.2-1B shapes. max_position bounds this demo's contexts (not the
+    # 128k the real model was trained for; llama3 rope scaling is omitted).
+    # 2048 blocks of KV cache take 1 GiB in bf16 over the 16 layers.
+    return LlamaConfig(vocab_size=128256, hidden_size=2048, num_layers=16,
+                       num_heads=32, num_kv_heads=8, head_dim=64,
+                       intermediate_size=8192, rope_theta=500000.0,
+                       max_position=4096, block_size=16, num_blocks=2048,
+                       dtype=torch.bfloat16)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x32.to(x.dtype) * self.weight
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Neox-style rotary embedding of x [T, H, D] with cos/sin [T, D/2]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)
+
+
+def _uninitialized(module_cls, *args, **kwargs):
+    # Llama._init_weights draws every weight, so nn's default init would be
+    # wasted time (seconds at 1B). The default device honours any
+    # `with torch.device(...)` context, meta included.
+    return nn.utils.skip_init(module_cls, *args, **kwargs,
+                              device=torch.empty(0).device)
+
+
+def _linear(n_in: int, n_out: int, dtype: torch.dtype) -> nn.Linear:
+    return _uninitialized(nn.Linear, n_in, n_out, bias=False, dtype=dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        q_size = cfg.num_heads * cfg.head_dim
+        kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_split = [q_size, kv_size, kv_size]
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.qkv_proj = _linear(cfg.hidden_size, q_size + 2 * kv_size,
+                                cfg.dtype)
+        self.o_proj = _linear(q_size, cfg.hidden_size, cfg.dtype)
+        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.gate_up_proj = _linear(cfg.hidden_size,
+                                    2 * cfg.intermediate_size, cfg.dtype)
+        self.down_proj = _linear(cfg.intermediate_size, cfg.hidden_size,
+                                 cfg.dtype)
+
+    def forward(self, x, cos, sin, kv_cache, slot_mapping, block_table,
+                seq_lens, query_start_loc):
+        q, k, v = self.qkv_proj(self.input_norm(x)).split(self.qkv_split, -1)
+        q = _rotate(q.unflatten(-1, (self.num_heads, self.head_dim)), cos, sin)
+        k = _rotate(k.unflatten(-1, (self.num_kv_heads, self.head_dim)),
+                    cos, sin)
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        out = torch.empty_like(q)
+        torch.ops.vgc.attention(out, q, k, v, kv_cache[0], kv_cache[1],
+                                slot_mapping, block_table, seq_lens,
+                                query_start_loc, self.scale)
+        x = x + self.o_proj(out.flatten(1))
+        gate, up = self.gate_up_proj(self.post_norm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(nn.functional.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = _uninitialized(nn.Embedding, cfg.vocab_size,
+                                           cfg.hidden_size, dtype=cfg.dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg)
+                                    for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        exponents = torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim
+        self.register_buffer("inv_freq", cfg.rope_theta ** -exponents,
+                             persistent=False)
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self):
+        # Drawn on the CPU, so weights depend on cfg.seed alone, whatever the
+        # device. Unit-scale embeddings and fan-in-scaled projections keep
+        # scores O(1) (attention far from uniform, which keeps tests
+        # sensitive); output projections are shrunk by 1/sqrt(2L) so the
+        # residual stream stays O(1) over layers.
+        if self.embed_tokens.weight.is_meta:
+            return
+        residual = (2 * self.cfg.num_layers) ** -0.5
+        plan = [(self.embed_tokens.weight, 1.0)]
+        for layer in self.layers:
+            for proj, extra in ((layer.qkv_proj, 1.0), (layer.o_proj, residual),
+                                (layer.gate_up_proj, 1.0),
+                                (layer.down_proj, residual)):
+                plan.append((proj.weight, extra / math.sqrt(proj.in_features)))
+        # One generator per tensor, seeded from cfg.seed, so that tensors can
+        # be drawn in parallel threads (CPU randn is single-threaded: ~10 s
+        # at 1B otherwise) and still come out the same every time.
+        seeds = torch.randint(2**62, (len(plan),),
+                              generator=torch.Generator().manual_seed(
+                                  self.cfg.seed)).tolist()
+
+        @torch.no_grad()  # grad mode is per thread
+        def fill(param, std, seed):
+            gen = torch.Generator().manual_seed(seed)
+            param.copy_(torch.randn(param.shape, generator=gen) * std)
+
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            for job in [pool.submit(fill, *p, seed)
+                        for p, seed in zip(plan, seeds)]:
+                job.result()
+
+    def forward(self, input_ids, positions, kv_caches, slot_mapping,
+                block_table, seq_lens, query_start_loc):
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"kv_caches has {len(kv_caches)} entries for "
+                             f"{len(self.layers)} layers")
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq
+        cos, sin = freqs.cos(), freqs.sin()
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, kv_cache, slot_mapping, block_table,
+                      seq_lens, query_start_loc)
+        return self.norm(x)
+
+
+def make_kv_caches(cfg: LlamaConfig, device="cpu") -> list[torch.Tensor]:
+    """One zeroed [2 (K, V), num_blocks, block_size, Hkv, D] cache per layer."""
+    shape = (2, cfg.num_blocks, cfg.block_size, cfg.num_kv_heads, cfg.head_dim)
+    return [torch.zeros(shape, dtype=cfg.dtype, device=device)
+            for _ in range(cfg.num_layers)]
+
+
+def make_batch(cfg: LlamaConfig, num_tokens: int, kind: str = "prefill",
+               device="cpu", seed: int = 0) -> dict:
+    """Forward kwargs for a deterministic synthetic batch, with fresh caches.
+
+    prefill: up to 4 sequences of new tokens from position 0, sizes as equal
+    as possible. decode: one new token per sequence, sequence i having
+    ``1 + (7 * i) % 29`` earlier tokens whose K/V are random cache entries.
+    Physical blocks are a random permutation, so that the block table is
+    really exercised; unused block_table entries are 0.
+    """
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    if kind == "prefill":
+        num_seqs = min(4, num_tokens)
+        base, extra = divmod(num_tokens, num_seqs)
+        q_lens = [base + (i < extra) for i in range(num_seqs)]
+        contexts = [0] * num_seqs
+    elif kind == "decode":
+        q_lens = [1] * num_tokens
+        contexts = [1 + (7 * i) % 29 for i in range(num_tokens)]
+    else:
+        raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
+
+    bs = cfg.block_size
+    seq_lens = [c + q for c, q in zip(contexts, q_lens)]
+    if max(seq_lens) > cfg.max_position:
+        raise ValueError(f"a sequence of {max(seq_lens)} tokens exceeds "
+                         f"cfg.max_position = {cfg.max_position}")
+    blocks_needed = [-(-s // bs) for s in seq_lens]
+    if sum(blocks_needed) > cfg.num_blocks:
+        raise ValueError(f"batch needs {sum(blocks_needed)} KV cache blocks, "
+                         f"more than cfg.num_blocks = {cfg.num_blocks}")
+
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(cfg.vocab_size, (num_tokens,), generator=gen)
+    physical = torch.randperm(cfg.num_blocks, generator=gen).tolist()
+    block_table = torch.zeros(len(seq_lens), cfg.max_blocks_per_seq,
+                              dtype=torch.int32)
+    for b, n in enumerate(blocks_needed):
+        block_table[b, :n] = torch.tensor(physical[:n])
+        physical = physical[n:]
+
+    def slots(b, start, end):
+        pos = torch.arange(start, end)
+        return block_table[b, pos // bs].long() * bs + pos % bs
+
+    positions = torch.cat([torch.arange(c, c + q)
+                           for c, q in zip(contexts, q_lens)])
+    slot_mapping = torch.cat([slots(b, c, c + q)
+                              for b, (c, q) in enumerate(zip(contexts, q_lens))])
+    kv_caches = make_kv_caches(cfg, device)
+    ctx_slots = torch.cat([slots(b, 0, c) for b, c in enumerate(contexts)])
+    if ctx_slots.numel():
+        shape = (cfg.num_layers, 2, ctx_slots.numel(), cfg.num_kv_heads,
+                 cfg.head_dim)
+        ctx_kv = torch.randn(shape, generator=gen).to(device, cfg.dtype)
+        ctx_slots = ctx_slots.to(device)
+        for cache, kv in zip(kv_caches, ctx_kv):
+            cache.flatten(1, 2)[:, ctx_slots] = kv
+
+    query_start_loc = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+    return {
+        "input_ids": input_ids.to(device),
+        "positions": positions.to(device),
+        "kv_caches": kv_caches,
+        "slot_mapping": slot_mapping.to(device),
+        "block_table": block_table.to(device),
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        "query_start_loc": query_start_loc.to(device),
+    }

@@ -1,0 +1,5 @@
+"""Custom ops of vgc. Importing this package registers ``torch.ops.vgc.*``."""
+
+from .attention import attention, reference_attention
+
+__all__ = ["attention", "reference_attention"]

@@ -1,0 +1,302 @@
+"""Paged attention over flattened tokens, as one opaque custom op.
+
+The op is deliberately opaque to the compiler: ``vgc::attention`` is the op at
+which the backend splits graphs, so everything data-dependent (per-sequence
+lengths, cache gathers) lives here and never in the traced model.
+
+Layout (vLLM-style):
+  query [T, Hq, D]; key, value [T, Hkv, D]; output [T, Hq, D]
+  key_cache, value_cache [num_blocks, block_size, Hkv, D]
+  slot_mapping [T]: flat cache slot per token, negative = write nothing
+  block_table [B, max_blocks_per_seq]; seq_lens [B] (context incl. new tokens)
+  query_start_loc [B + 1]: sequence b owns query rows qsl[b]:qsl[b+1]
+
+Output rows at and beyond ``query_start_loc[B]`` (padding tokens) are zeroed,
+so that padded batches produce deterministic, NaN-free outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["attention", "reference_attention"]
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+# enable_gqa avoids materialising repeated K/V heads; it appeared in torch 2.5.
+_SDPA_HAS_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+
+
+@torch.library.custom_op(
+    "vgc::attention", mutates_args=("output", "key_cache", "value_cache")
+)
+def attention(
+    output: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> None:
+    _paged_attention(
+        output, query, key, value, key_cache, value_cache, slot_mapping,
+        block_table, seq_lens, query_start_loc, scale,
+        use_sdpa=query.device.type == "cuda",
+    )
+
+
+@attention.register_fake
+def _(output, query, key, value, key_cache, value_cache,
+      slot_mapping, block_table, seq_lens, query_start_loc, scale) -> None:
+    # Mutation-only op: nothing to allocate, so the fake has nothing to do.
+    return None
+
+
+def _paged_attention(output, query, key, value, key_cache, value_cache,
+                     slot_mapping, block_table, seq_lens, query_start_loc,
+                     scale, use_sdpa):
+    _check_args(output, query, key, value, key_cache, value_cache,
+                slot_mapping, block_table, seq_lens, query_start_loc)
+    _write_kv(key, value, key_cache, value_cache, slot_mapping)
+
+    # One host sync for all per-sequence lengths, instead of one per sequence.
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    _check_lengths(starts, lens, query.shape[0], key_cache.shape[1],
+                   block_table.shape[1])
+
+    attend = _attend_sdpa if use_sdpa else _attend_math
+    block_size = key_cache.shape[1]
+    single = []
+    for b, seq_len in enumerate(lens):
+        start, end = starts[b], starts[b + 1]
+        if start == end:
+            continue
+        if use_sdpa and end - start == 1:
+            single.append(b)
+            continue
+        n_blocks = -(-seq_len // block_size)
+        blocks = block_table[b, :n_blocks].long()
+        k = key_cache[blocks].flatten(0, 1)[:seq_len]
+        v = value_cache[blocks].flatten(0, 1)[:seq_len]
+        output[start:end] = attend(query[start:end], k, v, scale)
+    if single:
+        _decode_sdpa(output, query, key_cache, value_cache, block_table,
+                     [starts[b] for b in single], single,
+                     [lens[b] for b in single], scale)
+    output[starts[-1]:].zero_()
+
+
+def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,
+                 seqs, lens, scale):
+    """All single-token sequences in one SDPA call, keys padded to the
+    longest context: decode batches are many short sequences, where a
+    per-sequence loop is dominated by launch overhead."""
+    device, block_size = query.device, key_cache.shape[1]
+    max_len = max(lens)
+    n_blocks = -(-max_len // block_size)
+    rows = torch.tensor(rows, device=device)
+    lens = torch.tensor(lens, device=device)
+    blocks = block_table[torch.tensor(seqs, device=device), :n_blocks].long()
+    # block_table entries past a sequence's last block may be anything.
+    needed = torch.arange(n_blocks, device=device) * block_size < lens[:, None]
+    blocks = blocks.where(needed, 0)
+    valid = torch.arange(max_len, device=device) < lens[:, None]  # [B, S]
+    # Zero padded keys/values: the cache there may hold NaN (torch.empty),
+    # and a masked NaN still poisons softmax and the weighted sum.
+    kv_mask = valid[:, :, None, None]
+    k = key_cache[blocks].flatten(1, 2)[:, :max_len].where(kv_mask, 0)
+    v = value_cache[blocks].flatten(1, 2)[:, :max_len].where(kv_mask, 0)
+    q = query[rows].unsqueeze(2)                                 # [B, Hq, 1, D]
+    out = _sdpa(q, k.transpose(1, 2), v.transpose(1, 2),
+                valid[:, None, None, :], False, scale)
+    output[rows] = out.squeeze(2).to(output.dtype)
+
+
+def _write_kv(key, value, key_cache, value_cache, slot_mapping):
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    block_size = key_cache.shape[1]
+    # Index (block, offset) rather than a flattened view so that writes land
+    # in the caller's storage even if the cache is non-contiguous.
+    blk, off = slots // block_size, slots % block_size
+    key_cache[blk, off] = key[valid].to(key_cache.dtype)
+    value_cache[blk, off] = value[valid].to(value_cache.dtype)
+
+
+def _causal_mask(q_len: int, seq_len: int, device) -> torch.Tensor:
+    # New tokens are the last q_len positions of the sequence; True = attend.
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+    k_pos = torch.arange(seq_len, device=device)
+    return k_pos[None, :] <= q_pos[:, None]
+
+
+def _attend_math(q, k, v, scale):
+    """q [n, Hq, D], k/v [s, Hkv, D] -> [n, Hq, D]; fp32 internally."""
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    # Query head h reads kv head h // group, matching repeat_interleave.
+    group = num_heads // num_kv_heads
+    qg = q.float().reshape(n, num_kv_heads, group, head_dim)
+    scores = torch.einsum("nhgd,shd->hgns", qg, k.float()) * scale
+    mask = _causal_mask(n, k.shape[0], q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.einsum("hgns,shd->nhgd", scores.softmax(dim=-1), v.float())
+    return out.reshape(n, num_heads, head_dim).to(q.dtype)
+
+
+def _attend_sdpa(q, k, v, scale):
+    """Same contract as _attend_math, via scaled_dot_product_attention."""
+    n, seq_len = q.shape[0], k.shape[0]
+    q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    mask, causal = None, False
+    # SDPA's is_causal aligns the mask top-left, which is only right when the
+    # queries cover the whole sequence; a lone last query needs no mask.
+    if n == seq_len:
+        causal = n > 1
+    elif n > 1:
+        mask = _causal_mask(n, seq_len, q.device)
+    out = _sdpa(q4, k4, v4, mask, causal, scale)
+    return out[0].transpose(0, 1)
+
+
+def _sdpa(q, k, v, mask, causal, scale):
+    """SDPA over [B, H, L, D] with grouped K/V heads."""
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+            enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                          is_causal=causal, scale=scale)
+
+
+def _check_args(output, query, key, value, key_cache, value_cache,
+                slot_mapping, block_table, seq_lens, query_start_loc):
+    def fail(name, msg):
+        raise ValueError(f"vgc::attention: {name} {msg}")
+
+    def want_rank(name, t, rank):
+        if t.dim() != rank:
+            fail(name, f"must be {rank}-D, got shape {tuple(t.shape)}")
+
+    for name, t, rank in (("query", query, 3), ("key", key, 3),
+                          ("value", value, 3), ("output", output, 3),
+                          ("key_cache", key_cache, 4),
+                          ("value_cache", value_cache, 4),
+                          ("slot_mapping", slot_mapping, 1),
+                          ("block_table", block_table, 2),
+                          ("seq_lens", seq_lens, 1),
+                          ("query_start_loc", query_start_loc, 1)):
+        want_rank(name, t, rank)
+        if t.device != query.device:
+            fail(name, f"is on {t.device}, but query is on {query.device}")
+
+    num_tokens, num_heads, head_dim = query.shape
+    if output.shape != query.shape:
+        fail("output", f"shape {tuple(output.shape)} != query shape "
+                       f"{tuple(query.shape)}")
+    if key.shape[0] != num_tokens or key.shape[2] != head_dim:
+        fail("key", f"shape {tuple(key.shape)} does not match query "
+                    f"[{num_tokens}, *, {head_dim}]")
+    num_kv_heads = key.shape[1]
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        fail("key", f"has {num_kv_heads} heads, which must divide the "
+                    f"{num_heads} query heads")
+    if value.shape != key.shape:
+        fail("value", f"shape {tuple(value.shape)} != key shape "
+                      f"{tuple(key.shape)}")
+    if key_cache.shape[2:] != key.shape[1:]:
+        fail("key_cache", f"shape {tuple(key_cache.shape)} must be "
+                          f"[num_blocks, block_size, {num_kv_heads}, {head_dim}]")
+    if value_cache.shape != key_cache.shape:
+        fail("value_cache", f"shape {tuple(value_cache.shape)} != key_cache "
+                            f"shape {tuple(key_cache.shape)}")
+    for name, t in (("query", query), ("key", key), ("value", value),
+                    ("output", output), ("key_cache", key_cache),
+                    ("value_cache", value_cache)):
+        if not t.is_floating_point():
+            fail(name, f"must be floating point, got {t.dtype}")
+    for name, t in (("slot_mapping", slot_mapping),
+                    ("block_table", block_table), ("seq_lens", seq_lens),
+                    ("query_start_loc", query_start_loc)):
+        if t.dtype not in _INDEX_DTYPES:
+            fail(name, f"must be int32 or int64, got {t.dtype}")
+    if slot_mapping.shape[0] != num_tokens:
+        fail("slot_mapping", f"has {slot_mapping.shape[0]} entries for "
+                             f"{num_tokens} tokens")
+    num_seqs = seq_lens.shape[0]
+    if block_table.shape[0] != num_seqs:
+        fail("block_table", f"has {block_table.shape[0]} rows for "
+                            f"{num_seqs} sequences")
+    if query_start_loc.shape[0] != num_seqs + 1:
+        fail("query_start_loc", f"has {query_start_loc.shape[0]} entries, "
+                                f"expected num_seqs + 1 = {num_seqs + 1}")
+
+
+def _check_lengths(starts, lens, num_tokens, block_size, max_blocks):
+    if starts[0] != 0 or starts[-1] > num_tokens:
+        raise ValueError(f"vgc::attention: query_start_loc must start at 0 and "
+                         f"end at most at {num_tokens}, got {starts}")
+    for b, seq_len in enumerate(lens):
+        q_len = starts[b + 1] - starts[b]
+        if q_len < 0 or q_len > seq_len:
+            raise ValueError(
+                f"vgc::attention: sequence {b} has {q_len} new tokens "
+                f"(query_start_loc) but seq_lens[{b}] = {seq_len}")
+        if -(-seq_len // block_size) > max_blocks:
+            raise ValueError(
+                f"vgc::attention: seq_lens[{b}] = {seq_len} needs more than "
+                f"the {max_blocks} blocks of a block_table row")
+
+
+def reference_attention(query, key, value, key_cache, value_cache,
+                        slot_mapping, block_table, seq_lens, query_start_loc,
+                        scale):
+    """Slow, obviously-correct model of ``vgc::attention`` for tests.
+
+    Leaves its inputs untouched; returns ``(output, key_cache, value_cache)``
+    as new tensors. Works token by token and in float64 so that it shares no
+    code path (gather, masking, GQA grouping) with the op.
+    """
+    key_cache, value_cache = key_cache.clone(), value_cache.clone()
+    block_size = key_cache.shape[1]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            key_cache[slot // block_size, slot % block_size] = key[t]
+            value_cache[slot // block_size, slot % block_size] = value[t]
+
+    num_heads, num_kv_heads = query.shape[1], key.shape[1]
+    kv_head = torch.arange(num_heads, device=query.device) // (
+        num_heads // num_kv_heads)
+    output = torch.zeros_like(query)
+    starts = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        rows = range(starts[b], starts[b + 1])
+        if not rows:
+            continue
+        # Dense per-sequence K/V, one position at a time via the block table.
+        cells = [(int(block_table[b, p // block_size]), p % block_size)
+                 for p in range(seq_len)]
+        k = torch.stack([key_cache[i, j] for i, j in cells]).double()
+        v = torch.stack([value_cache[i, j] for i, j in cells]).double()
+        k, v = k[:, kv_head], v[:, kv_head]                 # [s, Hq, D]
+        q = query[starts[b]:starts[b + 1]].double()         # [n, Hq, D]
+        scores = torch.einsum("nhd,shd->hns", q, k) * scale
+        first_pos = seq_len - len(rows)
+        mask = torch.zeros(len(rows), seq_len, dtype=torch.bool,
+                           device=query.device)
+        for i in range(len(rows)):
+            mask[i, first_pos + i + 1:] = True              # future keys
+        probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+        output[starts[b]:starts[b + 1]] = torch.einsum(
+            "hns,shd->nhd", probs, v).to(query.dtype)
+    return output, key_cache, value_cache
