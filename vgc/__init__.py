@@ -5,7 +5,8 @@ __version__ = "0.1.0"
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesConfig, DynamicShapesType  # noqa: E402
 from vgc.counters import counters  # noqa: E402
 from vgc.backend import CompileAfterWarmupError, VgcBackend, vgc_backend  # noqa: E402
-from vgc.api import CompiledModel, InputMismatchError, compile  # noqa: E402
+from vgc.api import CompiledModel, compile  # noqa: E402
+from vgc.guards import InputMismatchError  # noqa: E402
 from vgc import _compat  # noqa: E402
 
 _compat.register_backend_by_name("vgc", vgc_backend)

@@ -127,6 +127,10 @@ def backed_size_oblivious(enabled: bool):
     return torch.fx.experimental._config.patch(backed_size_oblivious=True)
 
 
+def no_duck_shape():
+    return torch.fx.experimental._config.patch(use_duck_shape=False)
+
+
 def skip_all_guards(guard_entries) -> list[bool]:
     fn = getattr(torch.compiler, "skip_all_guards_unsafe", None)
     if fn is not None:

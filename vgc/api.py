@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -14,39 +13,11 @@ from vgc import _compat
 from vgc.backend import CompileAfterWarmupError, VgcBackend
 from vgc.config import CompilationConfig, DynamicShapesType
 from vgc.counters import counters
+from vgc.guards import InputMismatchError, TensorSpec, build_size_guards
 
 logger = logging.getLogger("vgc")
 
 DimSpec = int | list[int] | tuple[int, ...] | dict[int, str]
-
-
-class InputMismatchError(TypeError):
-    """A call's inputs differ from the traced ones in a way the compiled graph cannot serve."""
-
-
-@dataclass(frozen=True)
-class _TensorSpec:
-    dtype: torch.dtype
-    device: torch.device
-    ndim: int
-    static_dims: tuple[tuple[int, int], ...]   # (dim, size) of every dim that is not dynamic
-
-    def check(self, where: str, t: Any) -> None:
-        if not isinstance(t, torch.Tensor):
-            raise InputMismatchError(f"{where}: expected a tensor as traced, got {type(t).__name__}")
-        if t.dtype != self.dtype:
-            raise InputMismatchError(f"{where}: dtype {t.dtype} differs from the traced {self.dtype}; "
-                                     "cast the input or compile a second model for this dtype")
-        if t.device != self.device:
-            raise InputMismatchError(f"{where}: device {t.device} differs from the traced {self.device}")
-        if t.dim() != self.ndim:
-            raise InputMismatchError(f"{where}: rank {t.dim()} differs from the traced rank {self.ndim}")
-        shape = t.shape
-        for dim, size in self.static_dims:
-            if shape[dim] != size:
-                raise InputMismatchError(
-                    f"{where}: size {shape[dim]} of dim {dim} differs from the traced {size}, and that dim is "
-                    f"static; add it to dynamic_arg_dims to make it dynamic")
 
 
 def _normalize_dims(name: str, spec: DimSpec, ndim: int) -> dict[int, str | None]:
@@ -92,10 +63,12 @@ class CompiledModel:
                              f"the model takes {list(self._signature.parameters)}")
         self.dynamic_arg_dims = dynamic_arg_dims
         self.backend = VgcBackend(self.config)
+        self.backend.record_shape_guards = True
         self._compiled = torch.compile(model, backend=self.backend, fullgraph=True, dynamic=False,
                                        options={"guard_filter_fn": _compat.skip_all_guards})
         self._specs: dict[str, Any] | None = None
         self._dynamic: dict[str, dict[int, str | None]] = {}
+        self._size_guards = []
         self._seconds: dict[str, float] = {}
         self.warmed_up = False
 
@@ -132,16 +105,18 @@ class CompiledModel:
                 dims = self._dims_for(name, tensor) if suffix == "" else {}
                 self._dynamic[name + suffix] = dims
                 self._mark(name + suffix, tensor, dims, mode)
-                static = tuple((d, s) for d, s in enumerate(tensor.shape) if d not in dims)
-                specs[name][3][suffix] = _TensorSpec(tensor.dtype, tensor.device, tensor.dim(), static)
+                specs[name][3][suffix] = TensorSpec.of(tensor, dims)
         if not any(self._dynamic.values()):
             logger.warning("vgc: no dynamic dims were marked; the model is compiled for these exact shapes")
         start = time.perf_counter()
         compiled_before = counters.inductor_compiles
-        with _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS):
+        # Without duck sizing, equal sizes at trace time stay separate symbols: only relations the model really
+        # needs (input_ids and positions broadcast together) become guards, and those are checked per call.
+        with _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS), _compat.no_duck_shape():
             out = self._compiled(*args, **kwargs)
         total = time.perf_counter() - start
         self._specs = specs
+        self._size_guards = build_size_guards([g for graph in self.backend.graphs for g in graph.shape_guards])
         backend_s = sum(sum(g.seconds.values()) for g in self.backend.graphs)
         self._seconds.update(first_call=total, backend=backend_s, dynamo_trace_and_run=total - backend_s)
         logger.info("vgc: traced once and %s %d artifacts in %.2f s",
@@ -182,6 +157,8 @@ class CompiledModel:
                     tspec.check(f"argument {name + suffix!r}", item)
             elif value is None:
                 raise InputMismatchError(f"argument {name!r} was not None when traced and is None now")
+        for guard in self._size_guards:
+            guard.check(arguments)
 
     # ---- warm-up ----
     def warmup(self, make_inputs: Callable[[int], Any], trace_size: int | None = None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from vgc.cache.entry import open_store
 from vgc.compiler import compile_piece, find_size_source, piece_key, returns_tuple, unwrap_single
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
+from vgc.guards import snapshot_shape_guards
 from vgc.piecewise import CompiledPiece
 from vgc.split import Piece, split_graph
 
@@ -38,6 +39,7 @@ class GraphRecord:
     artifacts_compiled: int = 0
     artifacts_loaded: int = 0
     device_type: str = "cpu"
+    shape_guards: list = field(default_factory=list)   # Dynamo's shape guards, kept when guards are dropped
 
 
 def _device_type(example_inputs: list) -> str:
@@ -73,6 +75,7 @@ class VgcBackend:
         self.config = config if config is not None else CompilationConfig()
         self.graphs: list[GraphRecord] = []
         self.sealed = False   # set by vgc.compile after warm-up: compiling again is an error
+        self.record_shape_guards = False   # set by vgc.compile, which replaces dropped guards by checks
         self._memo: dict[str, Callable] = {}   # artifact name -> compiled callable, shared by identical pieces
         self._seen_keys: set[str] = set()
 
@@ -96,6 +99,8 @@ class VgcBackend:
         seconds: dict[str, float] = {}
         device_type = _device_type(example_inputs)
         self._warn_cudagraph(device_type)
+        shape_guards = snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)) \
+            if self.record_shape_guards else []
 
         start = time.perf_counter()
         store = open_store(config, device_type, _compat.traced_code_objects())
@@ -107,7 +112,7 @@ class VgcBackend:
         seconds["split"] = time.perf_counter() - start
 
         record = GraphRecord(pieces=pieces, compiled={}, unique_keys=set(), cache_dir=None, computation_graph=None,
-                             device_type=device_type)
+                             device_type=device_type, shape_guards=shape_guards)
         start = time.perf_counter()
         loaded_before, compiled_before = counters.artifacts_loaded, counters.inductor_compiles
         for piece in pieces:

@@ -1,0 +1,168 @@
+"""`vgc.compile`: one Dynamo trace, guards dropped and replaced by checks, no compile after warm-up."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+import vgc
+from vgc.models import llama
+from conftest import FP32_TOL
+
+SIZES = (1, 2, 3, 8, 64, 100)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = llama.tiny_config()
+    return cfg, llama.Llama(cfg)
+
+
+@pytest.fixture
+def dynamo_counters():
+    torch._dynamo.utils.counters.clear()
+    return torch._dynamo.utils.counters
+
+
+def _check_sizes(cfg, model, compiled, sizes=SIZES):
+    with torch.no_grad():
+        for kind in ("prefill", "decode"):
+            for n in sizes:
+                eager = model(**llama.make_batch(cfg, n, kind))
+                out = compiled(**llama.make_batch(cfg, n, kind))
+                torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{kind} T={n}")
+
+
+@pytest.mark.parametrize("mode", ["backed", "unbacked", "backed_size_oblivious"])
+def test_one_trace_and_no_compile_after_warmup(mode, tiny, fresh_counters, dynamo_counters, no_cache):
+    cfg, model = tiny
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(dynamic_shapes_config=mode))
+    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+    assert report["warmed_up"] and report["pieces"] == 5 and report["artifacts_compiled"] >= 3
+    compiles_at_warmup = fresh_counters.inductor_compiles
+    _check_sizes(cfg, model, compiled)
+    assert fresh_counters.dynamo_traces == 1
+    assert fresh_counters.inductor_compiles == compiles_at_warmup
+    assert dynamo_counters["stats"]["unique_graphs"] == 1
+    assert compiled.stats()["dynamic_dims"]["input_ids"] == [0]
+
+
+def test_unbacked_warmup_at_size_1_does_not_specialise(tiny, fresh_counters, dynamo_counters, no_cache):
+    cfg, model = tiny
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(dynamic_shapes_config="unbacked"))
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode"), trace_size=1)
+    _check_sizes(cfg, model, compiled, sizes=(2, 3, 17, 100))
+    assert fresh_counters.dynamo_traces == 1
+    assert dynamo_counters["stats"]["unique_graphs"] == 1
+
+
+def test_backed_first_call_at_size_1_is_refused(tiny, no_cache):
+    cfg, model = tiny
+    compiled = vgc.compile(model)
+    with pytest.raises(ValueError, match="BACKED.*size >= 2"):
+        compiled(**llama.make_batch(cfg, 1, "decode"))
+
+
+def test_compile_sizes_dispatch_to_static_artifacts(tiny, fresh_counters, no_cache):
+    cfg, model = tiny
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(compile_sizes=[8]))
+    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+    # 3 unique pieces, each compiled for the symbolic size and for size 8
+    assert report["artifacts_compiled"] == 6
+    graph = compiled.backend.graphs[0]
+    assert all(sorted(piece.static_fns) == [8] for piece in graph.compiled.values())
+    pieces = len(graph.compiled)
+    with torch.no_grad():
+        for n, static, dynamic in ((8, pieces, 0), (9, 0, pieces)):
+            fresh_counters.static_dispatches = fresh_counters.dynamic_dispatches = 0
+            out = compiled(**llama.make_batch(cfg, n, "decode"))
+            torch.testing.assert_close(out, model(**llama.make_batch(cfg, n, "decode")), **FP32_TOL)
+            assert (fresh_counters.static_dispatches, fresh_counters.dynamic_dispatches) == (static, dynamic)
+
+
+def test_mismatched_inputs_raise_clear_errors_without_recompiling(tiny, fresh_counters, no_cache):
+    cfg, model = tiny
+    compiled = vgc.compile(model)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+    traces, compiles = fresh_counters.dynamo_traces, fresh_counters.inductor_compiles
+    batch = llama.make_batch(cfg, 4, "decode")
+    with pytest.raises(vgc.InputMismatchError, match="'input_ids'.*dtype torch.int32"):
+        compiled(**{**batch, "input_ids": batch["input_ids"].int()})
+    with pytest.raises(vgc.InputMismatchError, match="'positions'.*device meta"):
+        compiled(**{**batch, "positions": batch["positions"].to("meta")})
+    with pytest.raises(vgc.InputMismatchError, match="'input_ids'.*rank 2"):
+        compiled(**{**batch, "input_ids": batch["input_ids"][None]})
+    with pytest.raises(vgc.InputMismatchError, match=r"input_ids.size\(0\) == positions.size\(0\)"):
+        compiled(**{**batch, "positions": batch["positions"][:3]})
+    with pytest.raises(vgc.InputMismatchError, match="'kv_caches'"):
+        compiled(**{**batch, "kv_caches": batch["kv_caches"][:1]})
+    assert (fresh_counters.dynamo_traces, fresh_counters.inductor_compiles) == (traces, compiles)
+
+
+def test_anything_that_would_compile_after_warmup_raises(tiny, no_cache):
+    cfg, model = tiny
+    compiled = vgc.compile(model)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+    torch._dynamo.reset()  # drop Dynamo's compiled code: the next call would have to trace again
+    with pytest.raises(vgc.CompileAfterWarmupError):
+        compiled(**llama.make_batch(cfg, 5, "prefill"))
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.shape[0] > 4:
+            return self.lin(x) * 2
+        return self.lin(x) - 1
+
+
+@pytest.mark.parametrize("mode", ["backed", "backed_size_oblivious"])
+def test_size_branch_is_baked_in_and_checked(mode, caplog, no_cache):
+    torch.manual_seed(0)
+    model = Branchy()
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(dynamic_shapes_config=mode))
+    with caplog.at_level(logging.WARNING, logger="vgc"):
+        compiled.warmup(lambda n: (torch.randn(n, 8),), trace_size=16)
+    assert any("branches on a dynamic size" in r.getMessage() and "x.size(0) > 4" in r.getMessage()
+               for r in caplog.records)
+    with torch.no_grad():
+        for n in (5, 9, 100):  # the traced branch serves every size that takes it
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+        with pytest.raises(vgc.InputMismatchError, match=r"x.size\(0\) > 4.*x.size\(0\)=3"):
+            compiled(torch.randn(3, 8))
+
+
+def test_size_branch_under_unbacked_fails_at_trace(no_cache):
+    compiled = vgc.compile(Branchy(), config=vgc.CompilationConfig(dynamic_shapes_config="unbacked"))
+    with pytest.raises(Exception, match="data-dependent"):
+        compiled.warmup(lambda n: (torch.randn(n, 8),))
+
+
+def test_python_values_and_none_are_checked(no_cache):
+    class Scaled(nn.Module):
+        def forward(self, x, scale: float = 2.0, bias=None):
+            y = x * scale
+            return y if bias is None else y + bias
+
+    compiled = vgc.compile(Scaled())
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(compiled(x, 3.0), x * 3.0)
+    torch.testing.assert_close(compiled(torch.ones(7, 3), 3.0), torch.ones(7, 3) * 3.0)
+    with pytest.raises(vgc.InputMismatchError, match="'scale' is 2.0 but was 3.0"):
+        compiled(x, 2.0)
+    with pytest.raises(vgc.InputMismatchError, match="'bias'"):
+        compiled(x, 3.0, torch.ones(3))
+
+
+def test_dynamic_arg_dims_validation(tiny):
+    cfg, model = tiny
+    with pytest.raises(ValueError, match="unknown argument.*'tokens'"):
+        vgc.compile(model, dynamic_arg_dims={"tokens": 0})
+    compiled = vgc.compile(model, dynamic_arg_dims={"input_ids": 5})
+    with pytest.raises(ValueError, match="dim 5 is out of range"):
+        compiled(**llama.make_batch(cfg, 4, "prefill"))

@@ -1,0 +1,154 @@
+"""Explicit checks that replace Dynamo's dropped guards.
+
+`vgc.compile` drops every guard after its single trace, so a call that breaks an assumption of the traced graph
+would otherwise run the wrong code silently. Instead, each call is checked cheaply: dtype, device and rank of
+every tensor, static dims, which arguments are None, baked-in Python values, and the size relations Dynamo
+guarded on (e.g. `input_ids` and `positions` have the same length, or a model's `if x.shape[0] > 4`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import sympy
+import torch
+
+logger = logging.getLogger("vgc")
+
+_SIZE_SOURCE = re.compile(r"^L\['(?P<arg>\w+)'\](?:\[(?P<item>\d+)\])?\.size\(\)\[(?P<dim>\d+)\]$")
+
+
+class InputMismatchError(TypeError):
+    """A call's inputs differ from the traced ones in a way the compiled graph cannot serve."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: torch.dtype
+    device: torch.device
+    ndim: int
+    static_dims: tuple[tuple[int, int], ...]   # (dim, size) of every dim that is not dynamic
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, dynamic_dims) -> "TensorSpec":
+        static = tuple((d, s) for d, s in enumerate(tensor.shape) if d not in dynamic_dims)
+        return cls(tensor.dtype, tensor.device, tensor.dim(), static)
+
+    def check(self, where: str, t: Any) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise InputMismatchError(f"{where}: expected a tensor as traced, got {type(t).__name__}")
+        if t.dtype != self.dtype:
+            raise InputMismatchError(f"{where}: dtype {t.dtype} differs from the traced {self.dtype}; "
+                                     "cast the input or compile a second model for this dtype")
+        if t.device != self.device:
+            raise InputMismatchError(f"{where}: device {t.device} differs from the traced {self.device}")
+        if t.dim() != self.ndim:
+            raise InputMismatchError(f"{where}: rank {t.dim()} differs from the traced rank {self.ndim}")
+        shape = t.shape
+        for dim, size in self.static_dims:
+            if shape[dim] != size:
+                raise InputMismatchError(
+                    f"{where}: size {shape[dim]} of dim {dim} differs from the traced {size}, and that dim is "
+                    f"static; add it to dynamic_arg_dims to make it dynamic")
+
+
+@dataclass
+class SizeGuard:
+    """One relation between dynamic sizes that the traced graph relies on."""
+    text: str                                  # e.g. "input_ids.size(0) == positions.size(0)"
+    origin: str                                # the user code that made Dynamo guard, when known
+    sizes: list[tuple[str, int | None, int]]   # (argument, list item or None, dim) per symbol, in order
+    evaluate: Callable[..., bool]
+
+    def check(self, arguments: dict[str, Any]) -> None:
+        values = []
+        for arg, item, dim in self.sizes:
+            value = arguments[arg]
+            values.append((value if item is None else value[item]).shape[dim])
+        if not self.evaluate(*values):
+            raise InputMismatchError(
+                f"these inputs break an assumption of the traced graph: {self.text} "
+                f"(sizes {', '.join(f'{self._name(s)}={v}' for s, v in zip(self.sizes, values))})"
+                f"{'; it comes from: ' + self.origin if self.origin else ''}. The traced graph is only valid for "
+                "such inputs; trace with inputs on the other side, or make the code size-independent")
+
+    @staticmethod
+    def _name(size) -> str:
+        arg, item, dim = size
+        return f"{arg}{'' if item is None else f'[{item}]'}.size({dim})"
+
+
+def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.Symbol, str]]]:
+    """Dynamo's shape guards so far (before Inductor adds its own), with each symbol's source name."""
+    shape_env = getattr(fake_mode, "shape_env", None)
+    if shape_env is None:
+        return []
+    sources = {}
+    for symbol, srcs in shape_env.var_to_sources.items():
+        if srcs:
+            name = srcs[0].name
+            sources[symbol] = name() if callable(name) else name
+    out = []
+    for guard in shape_env.guards:
+        # "if x.shape[0] > 4:  # model.py:7 in forward (_dynamo/variables/tensor.py:2606 in evaluate_expr)"
+        origin = re.sub(r"\s*\([^()]*_dynamo/[^()]*\)$", "", str(getattr(guard, "sloc", "") or "").strip())
+        out.append((guard.expr, origin, {s: sources.get(s, "?") for s in guard.expr.free_symbols}))
+    return out
+
+
+def build_size_guards(snapshot) -> list[SizeGuard]:
+    guards = []
+    for expr, origin, sources in snapshot:
+        symbols = sorted(expr.free_symbols, key=str)
+        locations, names = [], {}
+        for symbol in symbols:
+            match = _SIZE_SOURCE.match(sources.get(symbol, ""))
+            if match is None:
+                locations = None
+                break
+            item = match["item"]
+            locations.append((match["arg"], None if item is None else int(item), int(match["dim"])))
+            names[symbol] = SizeGuard._name(locations[-1])
+        if not locations:
+            logger.warning("vgc: the traced graph assumes %s (from %s), which vgc cannot check per call; "
+                           "calls that break it will give wrong results", expr, origin or "unknown code")
+            continue
+        text = _render(expr, names)
+        guards.append(SizeGuard(text, origin, locations, _evaluator(expr, symbols)))
+        if not _is_equality(expr):
+            logger.warning("vgc: the model branches on a dynamic size: the traced graph assumes %s (from %s). "
+                           "Calls that break it raise InputMismatchError.", text, origin or "unknown code")
+    return guards
+
+
+def _is_equality(expr) -> bool:
+    return isinstance(expr, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in expr.args)
+
+
+def _render(expr, names: dict) -> str:
+    text = str(expr.xreplace({s: sympy.Symbol(n) for s, n in names.items()}))
+    eq = re.fullmatch(r"Eq\((.*), (.*)\)", text)
+    return f"{eq[1]} == {eq[2]}" if eq else text
+
+
+def _evaluator(expr, symbols) -> Callable[..., bool]:
+    try:
+        fn = sympy.lambdify(symbols, expr, modules="math")
+    except Exception:
+        fn = None
+
+    def slow(*values):
+        return bool(expr.xreplace(dict(zip(symbols, map(sympy.Integer, values)))))
+
+    if fn is None:
+        return slow
+
+    def fast(*values):
+        try:
+            return bool(fn(*values))
+        except Exception:  # torch's sympy functions (FloorDiv, Mod variants) that lambdify cannot print
+            return slow(*values)
+    return fast
