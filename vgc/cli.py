@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--cache-root", help="cache root to use (default: a new temporary directory)")
     demo.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
 
+    bench = commands.add_parser("bench", help="benchmarks: startup (cold vs warm)")
+    bench.add_argument("name", choices=["startup"])
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the benchmark (see --help)")
+
     from vgc.cache import cli as cache_cli
 
     cache_cli.add_parser(commands)
@@ -28,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         return demo_module.main(cache_root=args.cache_root, device=args.device)
     if args.command == "cache":
         return cache_cli.run(args)
+    if args.command == "bench":
+        import importlib
+
+        return importlib.import_module(f"vgc.bench.{args.name}").main(args.args)
     parser.error(f"unknown command {args.command}")
     return 2
 
