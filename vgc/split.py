@@ -103,6 +103,32 @@ def _substitute(value, node, replacement):
     return value
 
 
+_VIEW_FUNCTIONS = {operator.getitem, torch.select, torch.narrow}
+_VIEW_METHODS = {"select", "narrow", "view", "__getitem__"}
+
+
+def _move_input_views_to_their_splitting_piece(gm: fx.GraphModule, partition: dict, splitting_ids: set) -> None:
+    """Views of graph inputs used only by one splitting piece (`kv_cache[0]` feeding attention) move into it.
+
+    Otherwise a compiled piece would return a view of the KV cache: CUDA graphs of that piece would then pin
+    the cache's address, and the view would cross a piece boundary for nothing.
+    """
+    input_views = []
+    for node in gm.graph.nodes:
+        is_view = (node.op == "call_function" and node.target in _VIEW_FUNCTIONS) or \
+            (node.op == "call_method" and node.target in _VIEW_METHODS)
+        base = node.args[0] if node.args else None
+        if is_view and isinstance(base, fx.Node) and (base.op == "placeholder" or base in input_views) and \
+                all(a is base or a.op == "placeholder" for a in node.all_input_nodes):
+            input_views.append(node)
+    for node in reversed(input_views):  # users first, so chains of views move together
+        targets = {partition.get(user) for user in node.users}
+        if len(targets) == 1:
+            target = targets.pop()
+            if target in splitting_ids:
+                partition[node] = target
+
+
 def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphModule, list[Piece]]:
     """Split `gm` so that each run of consecutive splitting ops is its own piece, in original order."""
     ops = frozenset(splitting_ops)
@@ -110,7 +136,7 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
         decompose_size_nodes(gm)
     partition: dict[fx.Node, int] = {}
     splitting_ids: set[int] = set()
-    current = 0
+    current, current_used = 0, False
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
@@ -122,14 +148,14 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
             continue
         if is_splitting_node(node, ops):
             if current not in splitting_ids:
-                if any(p == current for p in partition.values()):
+                if current_used:
                     current += 1
                 splitting_ids.add(current)
-            partition[node] = current
-            continue
-        if current in splitting_ids:
+        elif current in splitting_ids:
             current += 1
         partition[node] = current
+        current_used = True
+    _move_input_views_to_their_splitting_piece(gm, partition, splitting_ids)
     split_gm = _compat.split_module(gm, partition)
     pieces = []
     for name, module in split_gm.named_children():
