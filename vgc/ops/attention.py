@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vgc.ops import triton_attention
+
 __all__ = ["attention", "reference_attention"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -62,13 +64,27 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
                      scale, use_sdpa):
     _check_args(output, query, key, value, key_cache, value_cache,
                 slot_mapping, block_table, seq_lens, query_start_loc)
-    _write_kv(key, value, key_cache, value_cache, slot_mapping)
+    use_triton = use_sdpa and triton_attention.HAS_TRITON
+    if use_triton:
+        triton_attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
+        if torch.cuda.is_current_stream_capturing():
+            # Inside a CUDA graph (cudagraph_mode FULL) nothing may sync with the host: the batch must be
+            # uniform single-token decode, token t being sequence t (padding sequences have length 0).
+            triton_attention.decode_attention(output, query, key_cache, value_cache, block_table, seq_lens,
+                                              scale)
+            return
+    else:
+        _write_kv(key, value, key_cache, value_cache, slot_mapping)
 
     # One host sync for all per-sequence lengths, instead of one per sequence.
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     _check_lengths(starts, lens, query.shape[0], key_cache.shape[1],
                    block_table.shape[1])
+    if use_triton and starts == list(range(len(lens) + 1)):
+        # Uniform decode: the same kernel as inside a CUDA graph, without the padded SDPA gather.
+        triton_attention.decode_attention(output, query, key_cache, value_cache, block_table, seq_lens, scale)
+        return
 
     attend = _attend_sdpa if use_sdpa else _attend_math
     block_size = key_cache.shape[1]

@@ -1,0 +1,100 @@
+"""Triton kernels for the CUDA path of `vgc::attention`: KV-cache writes and single-token (decode) attention.
+
+Both read every length from device memory and never synchronise with the host, so a decode step can be
+captured in a CUDA graph (cudagraph_mode FULL) and replayed with new lengths and block tables.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the op uses its pure-torch path
+    triton = None
+
+HAS_TRITON = triton is not None
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _write_kv_kernel(key, value, key_cache, value_cache, slot_mapping,
+                         k_stride_t, k_stride_h, v_stride_t, v_stride_h, cache_stride_slot, cache_stride_h,
+                         NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+        token = tl.program_id(0)
+        slot = tl.load(slot_mapping + token).to(tl.int64)
+        if slot >= 0:  # a negative slot is a padding token: it writes nothing
+            h = tl.arange(0, BLOCK_H)[:, None]
+            d = tl.arange(0, BLOCK_D)[None, :]
+            mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+            k = tl.load(key + token * k_stride_t + h * k_stride_h + d, mask=mask)
+            v = tl.load(value + token * v_stride_t + h * v_stride_h + d, mask=mask)
+            dst = slot * cache_stride_slot + h * cache_stride_h + d
+            tl.store(key_cache + dst, k.to(key_cache.dtype.element_ty), mask=mask)
+            tl.store(value_cache + dst, v.to(value_cache.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _decode_kernel(output, query, key_cache, value_cache, block_table, seq_lens, scale,
+                       q_stride_t, q_stride_h, o_stride_t, o_stride_h, bt_stride,
+                       cache_stride_slot, cache_stride_h, num_seqs,
+                       GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        # One program per (token, query head); token t is sequence t (uniform single-token decode).
+        token = tl.program_id(0)
+        head = tl.program_id(1)
+        kv_head = head // GROUP
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        seq_len = tl.load(seq_lens + token, mask=token < num_seqs, other=0)
+        q = tl.load(query + token * q_stride_t + head * q_stride_h + d, mask=d_mask, other=0.0).to(tl.float32)
+        m = tl.full([1], float("-inf"), tl.float32)
+        l = tl.zeros([1], tl.float32)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for start in range(0, seq_len, BLOCK_N):
+            pos = start + tl.arange(0, BLOCK_N)
+            pos_mask = pos < seq_len
+            block = tl.load(block_table + token * bt_stride + pos // BLOCK_SIZE, mask=pos_mask, other=0)
+            slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+            offs = slot[:, None] * cache_stride_slot + kv_head * cache_stride_h + d[None, :]
+            kv_mask = pos_mask[:, None] & d_mask[None, :]
+            k = tl.load(key_cache + offs, mask=kv_mask, other=0.0).to(tl.float32)
+            v = tl.load(value_cache + offs, mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.sum(k * q[None, :], axis=1) * scale
+            s = tl.where(pos_mask, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m - m_new)
+            l = l * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            m = m_new
+        out = tl.where(l > 0, acc / tl.maximum(l, 1e-30), 0.0)
+        tl.store(output + token * o_stride_t + head * o_stride_h + d, out.to(output.dtype.element_ty), mask=d_mask)
+
+
+def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    assert key.stride(2) == 1 and value.stride(2) == 1 and key_cache.stride(3) == 1, "head dim must be contiguous"
+    _write_kv_kernel[(num_tokens,)](
+        key, value, key_cache, value_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1), key_cache.stride(1), key_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim))
+
+
+def decode_attention(output, query, key_cache, value_cache, block_table, seq_lens, scale: float) -> None:
+    """Attention of token t (sequence t, its last position) over its cached context; no host sync."""
+    num_tokens, num_heads, head_dim = query.shape
+    if num_tokens == 0:
+        return
+    num_kv_heads = key_cache.shape[2]
+    assert query.stride(2) == 1 and output.stride(2) == 1 and key_cache.stride(3) == 1
+    _decode_kernel[(num_tokens, num_heads)](
+        output, query, key_cache, value_cache, block_table, seq_lens, scale,
+        query.stride(0), query.stride(1), output.stride(0), output.stride(1), block_table.stride(0),
+        key_cache.stride(1), key_cache.stride(2), seq_lens.shape[0],
+        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=32)
