@@ -37,3 +37,76 @@ def test_bf16_tiny_decoder_equals_eager_on_cuda(path, tiny_bf16, no_cache):
                 assert out.dtype == torch.bfloat16
                 torch.testing.assert_close(out, eager, **BF16_TOL, msg=f"{kind} T={n}")
                 assert (out.float() - eager.float()).abs().mean() < 5e-3
+
+
+# ---- CUDA graphs ----------------------------------------------------------------------------------------------
+
+CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 64, 128, 256, 512]
+FP32_TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny_fp32():
+    cfg = llama.tiny_config()
+    return cfg, llama.Llama(cfg).cuda()
+
+
+@pytest.mark.parametrize("mode", ["piecewise", "full", "full_and_piecewise"])
+def test_cudagraph_modes_equal_eager_with_padding(mode, tiny_fp32, fresh_counters, no_cache):
+    cfg, model = tiny_fp32
+    kv = llama.make_kv_caches(cfg, "cuda")   # graphs read fixed addresses: one cache, reused by every call
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode,
+                                                               cudagraph_capture_sizes=CAPTURE_SIZES),
+                           pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
+    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                             make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
+                                                                           kv_caches=kv))
+    graphs = report["cudagraphs"]
+    expected_full = len(CAPTURE_SIZES) if mode != "piecewise" else 0
+    assert graphs["full_graphs"] == expected_full
+    assert graphs["piecewise_graphs"] == (0 if mode == "full" else len(CAPTURE_SIZES) * 3)
+    captures, compiles = fresh_counters.cudagraph_captures, fresh_counters.inductor_compiles
+    sizes = [1, 3, 5, 8, 13, 31, 100, 257, 511, 600]   # padded to capture sizes; 600 runs without a graph
+    with torch.no_grad():
+        for kind in ("decode", "prefill"):
+            for n in sizes:
+                batch = llama.make_batch(cfg, n, kind, device="cuda", kv_caches=kv)
+                out = compiled(**batch).clone()
+                eager_batch = llama.make_batch(cfg, n, kind, device="cuda")
+                eager = model(**eager_batch)
+                torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{mode} {kind} T={n}")
+                # same KV writes as eager: padded tokens wrote nothing
+                for cache, eager_cache in zip(kv, eager_batch["kv_caches"]):
+                    torch.testing.assert_close(cache, eager_cache, **FP32_TOL)
+    assert fresh_counters.cudagraph_captures == captures, "nothing may be captured after warm-up"
+    assert fresh_counters.inductor_compiles == compiles
+    assert fresh_counters.cudagraph_replays > 0
+    assert fresh_counters.eager_runs >= 2   # T=600 is above every capture size
+    assert fresh_counters.dynamo_traces == 1
+
+
+def test_full_graph_rejects_a_moved_kv_cache(tiny_fp32, no_cache):
+    cfg, model = tiny_fp32
+    kv = llama.make_kv_caches(cfg, "cuda")
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="full", cudagraph_capture_sizes=[4]),
+                           pad_values=llama.PAD_VALUES)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv))
+    with pytest.raises(vgc.InputMismatchError, match="kv_caches"):
+        compiled(**llama.make_batch(cfg, 3, "decode", device="cuda"))   # fresh caches: other addresses
+
+
+def test_dropin_piecewise_captures_on_second_use_and_keeps_outputs(tiny_fp32, fresh_counters, no_cache):
+    cfg, model = tiny_fp32
+    compiled = torch.compile(model, backend="vgc", options={"cudagraph_capture_sizes": [8, 16]})
+    with torch.no_grad():
+        outs = []
+        for seed in range(4):
+            batch = llama.make_batch(cfg, 8, "decode", device="cuda", seed=seed)
+            outs.append(compiled(**batch))
+            eager = model(**llama.make_batch(cfg, 8, "decode", device="cuda", seed=seed))
+            torch.testing.assert_close(outs[-1], eager, **FP32_TOL)
+        for seed, out in enumerate(outs):   # earlier outputs were not overwritten by later replays
+            torch.testing.assert_close(out, model(**llama.make_batch(cfg, 8, "decode", device="cuda", seed=seed)),
+                                       **FP32_TOL)
+    assert fresh_counters.cudagraph_captures == 3        # 3 compiled pieces, captured at the second call
+    assert fresh_counters.cudagraph_replays == 3 * 2     # calls 3 and 4 replay

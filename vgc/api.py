@@ -11,7 +11,9 @@ import torch
 
 from vgc import _compat
 from vgc.backend import CompileAfterWarmupError, VgcBackend
-from vgc.config import CompilationConfig, DynamicShapesType
+from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
+from vgc.cudagraph.dispatch import GraphDispatcher
+from vgc.cudagraph.runtime import GraphRuntime
 from vgc.counters import counters
 from vgc.guards import InputMismatchError, TensorSpec, build_size_guards
 
@@ -52,7 +54,8 @@ class CompiledModel:
     """What `vgc.compile` returns: call it like the model; `warmup()` first to compile everything up front."""
 
     def __init__(self, model: Callable, config: CompilationConfig | None = None,
-                 dynamic_arg_dims: dict[str, DimSpec] | None = None):
+                 dynamic_arg_dims: dict[str, DimSpec] | None = None, pad_values: dict[str, Any] | None = None,
+                 uniform_decode: Callable[[dict], bool] | None = None):
         self.model = model
         self.config = config if config is not None else CompilationConfig()
         forward = model.forward if isinstance(model, torch.nn.Module) else model
@@ -62,6 +65,12 @@ class CompiledModel:
             raise ValueError(f"dynamic_arg_dims names unknown argument(s) {unknown}; "
                              f"the model takes {list(self._signature.parameters)}")
         self.dynamic_arg_dims = dynamic_arg_dims
+        self.pad_values = dict(pad_values or {})
+        self.uniform_decode = uniform_decode
+        if self.config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE and uniform_decode is None:
+            raise ValueError("cudagraph_mode FULL_AND_PIECEWISE needs uniform_decode=<predicate on the call's "
+                             "arguments> to tell decode batches (FULL graph) from the rest (PIECEWISE)")
+        self.graphs: GraphDispatcher | None = None
         self.backend = VgcBackend(self.config)
         self.backend.record_shape_guards = True
         self._compiled = torch.compile(model, backend=self.backend, fullgraph=True, dynamic=False,
@@ -76,8 +85,14 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         if self._specs is None:
             return self._trace(args, kwargs)
-        self._check(args, kwargs)
+        arguments = self._bind(args, kwargs)
+        self._check(arguments)
+        if self.graphs is not None:
+            return self.graphs.run(arguments)
         return self._compiled(*args, **kwargs)
+
+    def _call_arguments(self, arguments: dict[str, Any]):
+        return self._compiled(**arguments)
 
     def _bind(self, args, kwargs) -> dict[str, Any]:
         bound = self._signature.bind(*args, **kwargs)
@@ -117,6 +132,7 @@ class CompiledModel:
         total = time.perf_counter() - start
         self._specs = specs
         self._size_guards = build_size_guards([g for graph in self.backend.graphs for g in graph.shape_guards])
+        self._setup_graphs()
         backend_s = sum(sum(g.seconds.values()) for g in self.backend.graphs)
         self._seconds.update(first_call=total, backend=backend_s, dynamo_trace_and_run=total - backend_s)
         logger.info("vgc: traced once and %s %d artifacts in %.2f s",
@@ -137,8 +153,7 @@ class CompiledModel:
                     "or first call with a larger input, or use DynamicShapesType.UNBACKED")
             _compat.mark_dynamic(tensor, dim)
 
-    def _check(self, args, kwargs) -> None:
-        arguments = self._bind(args, kwargs)
+    def _check(self, arguments: dict[str, Any]) -> None:
         for name, spec in self._specs.items():
             value = arguments[name]
             kind = spec[0]
@@ -161,10 +176,13 @@ class CompiledModel:
             guard.check(arguments)
 
     # ---- warm-up ----
-    def warmup(self, make_inputs: Callable[[int], Any], trace_size: int | None = None) -> dict[str, Any]:
-        """Trace once, compile or load every piece for the symbolic size and every compile size, then seal.
+    def warmup(self, make_inputs: Callable[[int], Any], trace_size: int | None = None,
+               make_decode_inputs: Callable[[int], Any] | None = None) -> dict[str, Any]:
+        """Trace once, compile or load every piece for the symbolic size and every compile size, capture every
+        CUDA graph (largest first), then seal: nothing compiles or captures afterwards.
 
-        `make_inputs(n)` returns the model's kwargs (a dict) or args (a tuple) for a dynamic size `n`.
+        `make_inputs(n)` returns the model's kwargs (a dict) or args (a tuple) for a dynamic size `n`;
+        `make_decode_inputs(n)`, when given, makes the uniform decode batches FULL graphs are captured with.
         """
         if self.warmed_up:
             return self.stats()
@@ -174,6 +192,11 @@ class CompiledModel:
             self._call_with(make_inputs(size))
         for size in self.config.compile_sizes:
             self._call_with(make_inputs(size))
+        if self.graphs is not None:
+            capture_start = time.perf_counter()
+            as_arguments = lambda maker: lambda n: self._as_arguments(maker(n))  # noqa: E731
+            self.graphs.capture_all(as_arguments(make_inputs), as_arguments(make_decode_inputs or make_inputs))
+            self._seconds["cudagraph_capture"] = time.perf_counter() - capture_start
         self.backend.sealed = True
         self.warmed_up = True
         self._seconds["warmup"] = time.perf_counter() - start
@@ -182,17 +205,46 @@ class CompiledModel:
     def _call_with(self, inputs):
         return self(**inputs) if isinstance(inputs, dict) else self(*inputs)
 
+    def _as_arguments(self, inputs) -> dict[str, Any]:
+        arguments = self._bind((), inputs) if isinstance(inputs, dict) else self._bind(inputs, {})
+        self._check(arguments)
+        return arguments
+
+    def _setup_graphs(self) -> None:
+        """After the trace: the CUDA-graph dispatcher, when the model runs on CUDA and a graph mode is on."""
+        device_type = self.backend.graphs[0].device_type if self.backend.graphs else "cpu"
+        mode = self.config.resolved_cudagraph_mode(device_type)
+        if mode == CUDAGraphMode.NONE or device_type != "cuda":
+            return
+        padded = {}
+        for name, dims in self._dynamic.items():
+            if not dims or "[" in name:
+                continue
+            if len(dims) > 1:
+                raise ValueError(f"CUDA graphs pad one dynamic dim per input, but {name!r} has dims {sorted(dims)}")
+            padded[name] = next(iter(dims))
+        if not padded:
+            raise ValueError("CUDA graphs need at least one dynamic input to pad (see dynamic_arg_dims)")
+        runtime = self.backend.graph_runtime or GraphRuntime(self.config.resolved_capture_sizes(), piecewise=False)
+        runtime.capture_allowed = False   # vgc.compile captures in warmup() only, with its own padded buffers
+        self.graphs = GraphDispatcher(self._call_arguments, mode, self.config.resolved_capture_sizes(), padded,
+                                      self.pad_values, self.uniform_decode, runtime, size_arg=next(iter(padded)))
+
     def stats(self) -> dict[str, Any]:
         report = self.backend.stats()
         report.update(warmed_up=self.warmed_up, seconds=dict(self._seconds), counters=counters.as_dict(),
-                      dynamic_dims={k: sorted(v) for k, v in self._dynamic.items() if v})
+                      dynamic_dims={k: sorted(v) for k, v in self._dynamic.items() if v},
+                      cudagraphs=self.graphs.report() if self.graphs is not None else None)
         return report
 
 
 def compile(model: Callable, config: CompilationConfig | None = None,
-            dynamic_arg_dims: dict[str, DimSpec] | None = None) -> CompiledModel:
+            dynamic_arg_dims: dict[str, DimSpec] | None = None, pad_values: dict[str, Any] | None = None,
+            uniform_decode: Callable[[dict], bool] | None = None) -> CompiledModel:
     """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks.
 
     `dynamic_arg_dims` maps argument names to their dynamic dims (default: dim 0 of every tensor argument).
+    With CUDA graphs, `pad_values` gives each input's padding value (default 0; "edge" repeats the last entry)
+    and `uniform_decode(arguments) -> bool` says which calls FULL graphs serve (FULL_AND_PIECEWISE needs it).
     """
-    return CompiledModel(model, config, dynamic_arg_dims)
+    return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode)

@@ -16,6 +16,8 @@ from vgc.cache.entry import open_store
 from vgc.compiler import compile_piece, find_size_source, piece_key, returns_tuple, unwrap_single
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
+from vgc.cudagraph.piece import CUDAGraphPiece
+from vgc.cudagraph.runtime import GraphRuntime
 from vgc.guards import snapshot_shape_guards
 from vgc.piecewise import CompiledPiece
 from vgc.split import Piece, split_graph
@@ -68,6 +70,28 @@ def _piece_example_inputs(split_gm: fx.GraphModule, example_inputs: list) -> dic
     return recorded
 
 
+def _module_state_arguments(split_gm: fx.GraphModule, example_inputs: list) -> dict[str, list[bool]]:
+    """Per piece, which arguments are the model's weights or buffers: their address never changes."""
+    placeholders = [n for n in split_gm.graph.nodes if n.op == "placeholder"]
+    state = {}
+    for node, value in zip(placeholders, example_inputs):
+        grapharg = node.meta.get("grapharg")
+        source = getattr(grapharg, "source", None)
+        name = source.name if source is not None else ""
+        name = name() if callable(name) else str(name)
+        state[node] = isinstance(value, torch.nn.Parameter) or "_parameters[" in name or "_buffers[" in name
+    return {node.target: [isinstance(a, fx.Node) and state.get(a, False) for a in node.args]
+            for node in split_gm.graph.nodes if node.op == "call_module"}
+
+
+def _copy_graph_outputs(forward: Callable, runtime: GraphRuntime) -> Callable:
+    """Drop-in callers may keep outputs across calls: never hand them memory the next replay overwrites."""
+    def call(*args):
+        out = forward(*args)
+        return tuple(o.clone() if isinstance(o, torch.Tensor) and runtime.is_stable(o) else o for o in out)
+    return call
+
+
 class VgcBackend:
     """`torch.compile(model, backend=vgc.VgcBackend(config))`. One instance may compile several graphs."""
 
@@ -76,6 +100,7 @@ class VgcBackend:
         self.graphs: list[GraphRecord] = []
         self.sealed = False   # set by vgc.compile after warm-up: compiling again is an error
         self.record_shape_guards = False   # set by vgc.compile, which replaces dropped guards by checks
+        self.graph_runtime: GraphRuntime | None = None
         self._memo: dict[str, Callable] = {}   # artifact name -> compiled callable, shared by identical pieces
         self._seen_keys: set[str] = set()
 
@@ -98,7 +123,7 @@ class VgcBackend:
         config = self.config
         seconds: dict[str, float] = {}
         device_type = _device_type(example_inputs)
-        self._warn_cudagraph(device_type)
+        graph_runtime = self._graph_runtime_for(device_type)
         shape_guards = snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)) \
             if self.record_shape_guards else []
 
@@ -109,6 +134,7 @@ class VgcBackend:
         start = time.perf_counter()
         split_gm, pieces = split_graph(gm, config.splitting_ops)
         piece_inputs = _piece_example_inputs(split_gm, example_inputs)
+        module_state = _module_state_arguments(split_gm, example_inputs)
         seconds["split"] = time.perf_counter() - start
 
         record = GraphRecord(pieces=pieces, compiled={}, unique_keys=set(), cache_dir=None, computation_graph=None,
@@ -127,7 +153,8 @@ class VgcBackend:
             compiled = self._compile_piece(piece, list(piece_inputs[piece.name]), store)
             record.compiled[piece.name] = compiled
             record.unique_keys.add(compiled.key)
-            split_gm.__dict__[piece.name] = compiled
+            split_gm.__dict__[piece.name] = compiled if graph_runtime is None else \
+                CUDAGraphPiece(compiled, module_state[piece.name], graph_runtime)
         seconds["compile"] = time.perf_counter() - start
         record.artifacts_loaded = counters.artifacts_loaded - loaded_before
         record.artifacts_compiled = counters.inductor_compiles - compiled_before
@@ -142,6 +169,8 @@ class VgcBackend:
                     record.artifacts_loaded, seconds["compile"],
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
+        if graph_runtime is not None and not self.record_shape_guards:
+            return _copy_graph_outputs(split_gm.forward, graph_runtime)
         return split_gm.forward
 
     def _compile_piece(self, piece: Piece, example_inputs: list, store) -> CompiledPiece:
@@ -174,11 +203,24 @@ class VgcBackend:
             logger.debug("vgc: %s has no single symbolic size; compile_sizes do not apply to it", piece.name)
         return CompiledPiece(piece.name, key, dynamic_fn, static_fns, size_source)
 
-    def _warn_cudagraph(self, device_type: str) -> None:
+    def _graph_runtime_for(self, device_type: str) -> GraphRuntime | None:
+        """The piece-graph runtime when this graph's pieces should be captured, else None."""
         mode = self.config.resolved_cudagraph_mode(device_type)
-        if mode != CUDAGraphMode.NONE and self.config.cudagraph_mode is not None:
-            logger.warning("vgc: cudagraph_mode=%s is accepted but has no effect yet (CUDA graphs are not built)",
-                           mode.value)
+        if mode == CUDAGraphMode.NONE:
+            return None
+        if device_type != "cuda":
+            logger.warning("vgc: cudagraph_mode=%s needs a CUDA device; this %s model runs without CUDA graphs",
+                           mode.value, device_type)
+            return None
+        if not self.record_shape_guards and mode != CUDAGraphMode.PIECEWISE:
+            logger.warning("vgc: cudagraph_mode=%s: FULL graphs need vgc.compile (it pads and owns the inputs); "
+                           "torch.compile(backend='vgc') captures PIECEWISE graphs only", mode.value)
+        if mode == CUDAGraphMode.FULL:
+            return None
+        if self.graph_runtime is None:
+            self.graph_runtime = GraphRuntime(self.config.resolved_capture_sizes(), piecewise=True)
+            self.graph_runtime.debug = self.config.debug
+        return self.graph_runtime
 
     def stats(self) -> dict[str, Any]:
         return {

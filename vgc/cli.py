@@ -16,8 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--cache-root", help="cache root to use (default: a new temporary directory)")
     demo.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
 
-    bench = commands.add_parser("bench", help="benchmarks: startup (cold vs warm)")
-    bench.add_argument("name", choices=["startup"])
+    bench = commands.add_parser("bench", help="benchmarks: startup (cold vs warm), decode (per-step latency, GPU)")
+    bench.add_argument("name", choices=["startup", "decode"])
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the benchmark (see --help)")
 
     from vgc.cache import cli as cache_cli

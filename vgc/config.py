@@ -56,8 +56,12 @@ def _default_splitting_ops() -> list[str]:
     return ["vgc::attention"]
 
 
-# Fields that only change where or whether things are stored, not the generated code.
-_NOT_IN_HASH = frozenset({"cache_dir", "compile_cache_save_format", "debug"})
+# Fields that change where things are stored or how compiled code is replayed, not the code Inductor generates:
+# one cache entry serves every CUDA-graph mode and capture list.
+_NOT_IN_HASH = frozenset({"cache_dir", "compile_cache_save_format", "debug", "cudagraph_mode",
+                          "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mm_encoder",
+                          "encoder_cudagraph_token_budgets", "encoder_cudagraph_max_vision_items_per_batch",
+                          "encoder_cudagraph_max_frames_per_batch"})
 
 
 @dataclass

@@ -202,9 +202,22 @@ def make_kv_caches(cfg: LlamaConfig, device="cpu") -> list[torch.Tensor]:
             for _ in range(cfg.num_layers)]
 
 
+# How vgc pads this model's inputs up to a CUDA-graph capture size: padded tokens write no KV (slot -1) and
+# padded sequences are empty (length 0, cumulative offsets repeated).
+PAD_VALUES = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "block_table": 0, "seq_lens": 0,
+              "query_start_loc": "edge"}
+
+
+def is_uniform_decode(batch: dict) -> bool:
+    """One new token per sequence, read from shapes alone (no device sync): FULL CUDA graphs serve these."""
+    return batch["input_ids"].shape[0] == batch["seq_lens"].shape[0]
+
+
 def make_batch(cfg: LlamaConfig, num_tokens: int, kind: str = "prefill",
-               device="cpu", seed: int = 0) -> dict:
-    """Forward kwargs for a deterministic synthetic batch, with fresh caches.
+               device="cpu", seed: int = 0, kv_caches: list[torch.Tensor] | None = None) -> dict:
+    """Forward kwargs for a deterministic synthetic batch.
+
+    The KV caches are fresh, or the given ones zeroed and refilled (CUDA graphs need caches that stay put).
 
     prefill: up to 4 sequences of new tokens from position 0, sizes as equal
     as possible. decode: one new token per sequence, sequence i having
@@ -252,12 +265,18 @@ def make_batch(cfg: LlamaConfig, num_tokens: int, kind: str = "prefill",
                            for c, q in zip(contexts, q_lens)])
     slot_mapping = torch.cat([slots(b, c, c + q)
                               for b, (c, q) in enumerate(zip(contexts, q_lens))])
-    kv_caches = make_kv_caches(cfg, device)
+    if kv_caches is None:
+        kv_caches = make_kv_caches(cfg, device)
+    else:
+        for cache in kv_caches:
+            cache.zero_()
     ctx_slots = torch.cat([slots(b, 0, c) for b, c in enumerate(contexts)])
     if ctx_slots.numel():
         shape = (cfg.num_layers, 2, ctx_slots.numel(), cfg.num_kv_heads,
                  cfg.head_dim)
-        ctx_kv = torch.randn(shape, generator=gen).to(device, cfg.dtype)
+        # Drawn on the target device: large decode batches need ~10^8 values, too slow to draw on the CPU.
+        ctx_gen = torch.Generator(device).manual_seed(seed + 1)
+        ctx_kv = torch.randn(shape, generator=ctx_gen, device=device).to(cfg.dtype)
         ctx_slots = ctx_slots.to(device)
         for cache, kv in zip(kv_caches, ctx_kv):
             cache.flatten(1, 2)[:, ctx_slots] = kv

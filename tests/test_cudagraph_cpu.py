@@ -1,0 +1,99 @@
+"""CUDA-graph logic that runs without a GPU: padding, size dispatch, and the no-CUDA behaviour."""
+
+import logging
+
+import pytest
+import torch
+
+import vgc
+from vgc.cudagraph.padding import StaticInputs, pad_into, padded_size, slice_outputs
+from vgc.models import llama
+from conftest import FP32_TOL
+
+
+def test_default_capture_sizes():
+    sizes = vgc.CompilationConfig().resolved_capture_sizes()
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 512
+    assert all(b - a == 8 for a, b in zip(sizes[3:], sizes[4:]))
+    assert vgc.CompilationConfig(max_cudagraph_capture_size=20).resolved_capture_sizes() == [1, 2, 4, 8, 16]
+    assert vgc.CompilationConfig(cudagraph_capture_sizes=[64, 3, 3, 900], max_cudagraph_capture_size=512
+                                 ).resolved_capture_sizes() == [3, 64]
+
+
+def test_padded_size_is_the_next_capture_size():
+    sizes = [1, 2, 4, 8, 16]
+    assert [padded_size(n, sizes) for n in (1, 2, 3, 5, 8, 9, 16, 17)] == [1, 2, 4, 8, 8, 16, 16, None]
+
+
+def test_pad_values_numbers_and_edge():
+    buffer = torch.full((8,), 99)
+    view = pad_into(buffer, torch.tensor([3, 4, 5]), 0, 2, -1)
+    assert view.tolist() == [3, 4, 5, -1, -1] and view.data_ptr() == buffer.data_ptr()
+    offsets = pad_into(torch.zeros(8, dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32), 0, 3, "edge")
+    assert offsets.tolist() == [0, 1, 2, 2, 2, 2]
+    table = pad_into(torch.ones(6, 2), torch.full((2, 2), 7.0), 0, 2, 0)
+    assert table.tolist() == [[7, 7], [7, 7], [0, 0], [0, 0]]
+
+
+def test_slice_outputs_cuts_padded_dim0_only():
+    out = (torch.zeros(8, 3), torch.zeros(3, 8), [torch.zeros(8)], 5)
+    sliced = slice_outputs(out, 8, 5)
+    assert sliced[0].shape == (5, 3) and sliced[1].shape == (3, 8) and sliced[2][0].shape == (5,) and sliced[3] == 5
+
+
+def test_static_inputs_reserve_room_for_offsets():
+    static = StaticInputs(max_size=16, pad_values={"qsl": "edge"})
+    static.reserve("qsl", torch.zeros(17, dtype=torch.int32), 0, 16)   # one more entry than the batch size
+    assert static.buffers["qsl"].shape == (17,)
+    assert static.fits("qsl", torch.zeros(4), 0, padded=8, batch_size=3)
+    assert not static.fits("qsl", torch.zeros(30), 0, padded=16, batch_size=3)
+    view = static.pad("qsl", torch.tensor([0, 2, 3], dtype=torch.int32), 0, 5)
+    assert view.tolist() == [0, 2, 3, 3, 3, 3, 3, 3]
+
+
+def test_llama_pad_values_make_padding_inert():
+    """Padded tokens write no KV and padded sequences are empty: the real tokens' outputs do not change."""
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg)
+    batch = llama.make_batch(cfg, 5, "decode")
+    padded = {}
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            pad = 3
+            buffer = torch.zeros((value.shape[0] + pad, *value.shape[1:]), dtype=value.dtype)
+            padded[name] = pad_into(buffer, value, 0, pad, llama.PAD_VALUES.get(name, 0))
+        else:
+            padded[name] = [c.clone() for c in value]
+    with torch.no_grad():
+        reference = model(**batch)
+        out = model(**padded)
+    torch.testing.assert_close(out[:5], reference, **FP32_TOL)
+    for ref_cache, cache in zip(batch["kv_caches"], padded["kv_caches"]):
+        torch.testing.assert_close(cache, ref_cache, **FP32_TOL)
+    assert llama.is_uniform_decode(batch) and not llama.is_uniform_decode(llama.make_batch(cfg, 5, "prefill"))
+
+
+@pytest.mark.parametrize("mode", ["piecewise", "full"])
+def test_graph_mode_without_cuda_warns_and_runs_without_graphs(mode, caplog, fresh_counters, no_cache):
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg)
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode), pad_values=llama.PAD_VALUES)
+    with caplog.at_level(logging.WARNING, logger="vgc"):
+        report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode"))
+    assert any("needs a CUDA device" in r.getMessage() for r in caplog.records)
+    assert report["cudagraphs"] is None
+    with torch.no_grad():
+        out = compiled(**llama.make_batch(cfg, 6, "decode"))
+    torch.testing.assert_close(out, model(**llama.make_batch(cfg, 6, "decode")), **FP32_TOL)
+    assert fresh_counters.cudagraph_captures == 0 and fresh_counters.cudagraph_replays == 0
+
+
+def test_full_and_piecewise_needs_a_uniform_decode_predicate():
+    with pytest.raises(ValueError, match="uniform_decode"):
+        vgc.compile(llama.Llama(llama.tiny_config()),
+                    config=vgc.CompilationConfig(cudagraph_mode="full_and_piecewise"))
+
+
+def test_cudagraph_settings_share_one_cache_entry():
+    base = vgc.CompilationConfig().compute_hash()
+    assert vgc.CompilationConfig(cudagraph_mode="full", cudagraph_capture_sizes=[1, 2]).compute_hash() == base

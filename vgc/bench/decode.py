@@ -1,0 +1,122 @@
+"""`vgc bench decode`: per-step latency of the Llama-3.2-1B-shaped decoder, every execution strategy in one run.
+
+Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", and vgc with cudagraph_mode
+NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch sizes and one prefill size.
+Each cell is the median of `--steps` steps timed with CUDA events after `--warmup` untimed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def _time_steps(fn, batch: dict, warmup: int, steps: int) -> float:
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn(**batch)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(**batch)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import vgc
+    from vgc.models import llama
+
+    parser = argparse.ArgumentParser(prog="vgc bench decode")
+    parser.add_argument("--batches", default="1,8,64,256", help="decode batch sizes")
+    parser.add_argument("--prefill", type=int, default=512, help="prefill tokens (4 sequences)")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--model", choices=["llama_1b", "tiny"], default="llama_1b")
+    parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("vgc bench decode needs a CUDA device")
+
+    cfg = llama.llama_1b_config() if args.model == "llama_1b" else llama.tiny_config()
+    model = llama.Llama(cfg).cuda().eval()
+    kv = llama.make_kv_caches(cfg, "cuda")
+    batch_sizes = [int(b) for b in args.batches.split(",")]
+    columns = [(f"decode {b}", lambda b=b: llama.make_batch(cfg, b, "decode", device="cuda", kv_caches=kv))
+               for b in batch_sizes]
+    columns.append((f"prefill {args.prefill}",
+                    lambda: llama.make_batch(cfg, args.prefill, "prefill", device="cuda", kv_caches=kv)))
+
+    def vgc_model(mode: str):
+        compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode),
+                               pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
+        report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                                 make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
+                                                                               kv_caches=kv))
+        graphs = report["cudagraphs"] or {}
+        return compiled, {"capture_s": graphs.get("capture_seconds", 0.0),
+                          "graphs": graphs.get("piecewise_graphs", 0) + graphs.get("full_graphs", 0)}
+
+    rows = {
+        "eager": lambda: (model, {}),
+        "inductor default": lambda: (torch.compile(model), {}),
+        "inductor reduce-overhead": lambda: (torch.compile(model, mode="reduce-overhead"), {}),
+        "vgc NONE": lambda: vgc_model("none"),
+        "vgc PIECEWISE": lambda: vgc_model("piecewise"),
+        "vgc FULL": lambda: vgc_model("full"),
+        "vgc FULL_AND_PIECEWISE": lambda: vgc_model("full_and_piecewise"),
+    }
+    only = [r.strip() for r in args.only.split(",") if r.strip()]
+    results = {}
+    for name, build in rows.items():
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        fn, extra = build()
+        setup_s = time.perf_counter() - start
+        cells = {}
+        first = True
+        for column, make in columns:
+            batch = make()
+            t = time.perf_counter()
+            with torch.no_grad():
+                fn(**batch)      # untimed: the inductor rows compile on first use of a shape here
+            torch.cuda.synchronize()
+            if first:
+                setup_s += time.perf_counter() - t
+                first = False
+            cells[column] = _time_steps(fn, batch, args.warmup, args.steps)
+        results[name] = {"ms": cells, "setup_s": setup_s, **extra}
+        torch._dynamo.reset()
+        print(f"  {name}: " + ", ".join(f"{c} {v:.3f} ms" for c, v in cells.items()), flush=True)
+
+    print(f"\nvgc bench decode: {args.model} bf16 on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+          f"median of {args.steps} steps (ms)")
+    header = f"{'strategy':26s}" + "".join(f"{c:>14s}" for c, _ in columns) + f"{'setup s':>10s}{'capture s':>11s}"
+    print(header)
+    for name, r in results.items():
+        print(f"{name:26s}" + "".join(f"{r['ms'][c]:14.3f}" for c, _ in columns)
+              + f"{r['setup_s']:10.1f}{r.get('capture_s', 0.0):11.1f}")
+    base = results.get("inductor reduce-overhead")
+    if base:
+        print("\nspeed-up over reduce-overhead:")
+        for name, r in results.items():
+            print(f"{name:26s}" + "".join(f"{base['ms'][c] / r['ms'][c]:13.2f}x" for c, _ in columns))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                       "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

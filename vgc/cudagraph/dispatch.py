@@ -1,0 +1,160 @@
+"""Per-call choice between a FULL graph, PIECEWISE graphs and no graph, with padding to capture sizes.
+
+Used by `vgc.compile`: inputs are padded into vgc-owned buffers, so every graph reads fixed addresses.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from vgc.config import CUDAGraphMode
+from vgc.counters import counters
+from vgc.cudagraph.padding import StaticInputs, padded_size, slice_outputs
+from vgc.cudagraph.runtime import GraphRuntime, frozen_gc, full_graph_capture, graph_pool
+from vgc.guards import InputMismatchError
+
+logger = logging.getLogger("vgc")
+
+
+@dataclass
+class _FullGraph:
+    graph: torch.cuda.CUDAGraph
+    output: Any
+    pinned: dict[str, int]    # tensors passed through unpadded (KV caches): their address is baked in
+
+
+@dataclass
+class GraphStats:
+    piecewise_sizes: list[int] = field(default_factory=list)
+    full_sizes: list[int] = field(default_factory=list)
+    capture_seconds: float = 0.0
+    pool_bytes_after_each: list[int] = field(default_factory=list)
+
+
+class GraphDispatcher:
+    def __init__(self, call: Callable[[dict], Any], mode: CUDAGraphMode, capture_sizes: list[int],
+                 dynamic: dict[str, int], pad_values: dict, uniform_decode: Callable[[dict], bool] | None,
+                 runtime: GraphRuntime, size_arg: str):
+        self.call = call                     # runs the compiled model on bound arguments
+        self.mode = mode
+        self.capture_sizes = sorted(capture_sizes)
+        self.dynamic = dynamic               # argument name -> its padded dim
+        self.static = StaticInputs(self.capture_sizes[-1], pad_values)
+        self.uniform_decode = uniform_decode
+        self.runtime = runtime
+        self.size_arg = size_arg
+        self.full: dict[int, _FullGraph] = {}
+        self.stats = GraphStats()
+        self.use_full = mode in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
+        self.use_piecewise = mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+    # ---- per call ----
+    def batch_size(self, arguments: dict) -> int:
+        return arguments[self.size_arg].shape[self.dynamic[self.size_arg]]
+
+    def run(self, arguments: dict):
+        size = self.batch_size(arguments)
+        padded = padded_size(size, self.capture_sizes)
+        if padded is None or not all(self.static.fits(name, arguments[name], dim, padded, size)
+                                     for name, dim in self.dynamic.items()):
+            counters.eager_runs += 1
+            return self.call(arguments)
+        uniform = self.use_full and (self.uniform_decode is None or self.uniform_decode(arguments))
+        full = self.full.get(padded) if uniform else None
+        if full is None and not self.use_piecewise:
+            counters.eager_runs += 1
+            return self.call(arguments)
+        padded_arguments = self._pad(arguments, padded, size)
+        if full is not None:
+            self._check_pinned(full, padded_arguments)
+            full.graph.replay()
+            counters.cudagraph_replays += 1
+            out = full.output
+        else:
+            out = self.call(padded_arguments)
+        return slice_outputs(out, padded, size)
+
+    def _pad(self, arguments: dict, padded: int, size: int) -> dict:
+        out = dict(arguments)
+        for name, dim in self.dynamic.items():
+            out[name] = self.static.pad(name, arguments[name], dim, padded - size)
+        return out
+
+    def _pinned(self, arguments: dict) -> dict[str, int]:
+        pinned = {}
+        for name, value in arguments.items():
+            if name in self.dynamic:
+                continue
+            items = [("", value)] if isinstance(value, torch.Tensor) else \
+                [(f"[{i}]", v) for i, v in enumerate(value)] if isinstance(value, (list, tuple)) else []
+            for suffix, t in items:
+                if isinstance(t, torch.Tensor):
+                    pinned[name + suffix] = t.data_ptr()
+        return pinned
+
+    def _check_pinned(self, full: _FullGraph, arguments: dict) -> None:
+        now = self._pinned(arguments)
+        for name, ptr in full.pinned.items():
+            if now.get(name) != ptr:
+                raise InputMismatchError(
+                    f"argument {name!r} is not the tensor the FULL CUDA graph was captured with (its address "
+                    "changed); graphs read fixed addresses, so allocate such tensors (e.g. KV caches) once and "
+                    "pass the same ones on every call")
+
+    # ---- warm-up ----
+    def capture_all(self, make_inputs: Callable[[int], dict], make_full_inputs: Callable[[int], dict]) -> None:
+        sizes = sorted(self.capture_sizes, reverse=True)   # largest first: smaller graphs reuse pool blocks
+        largest = sizes[0]
+        for maker in {make_inputs, make_full_inputs}:   # room for both kinds of batch (offsets: one more)
+            example = maker(largest)
+            for name, dim in self.dynamic.items():
+                self.static.reserve(name, example[name], dim, largest)
+        self.runtime.mark_stable([b for b in self.static.buffers.values()])
+        device = next(iter(self.static.buffers.values())).device
+        self.runtime.capture_allowed = True
+        start = time.perf_counter()
+        with frozen_gc():
+            for size in tqdm(sizes, desc="vgc: capturing CUDA graphs", unit="size", leave=False,
+                             disable=not logger.isEnabledFor(logging.INFO)):
+                if self.use_piecewise:
+                    arguments = self._pad(make_inputs(size), size, size)
+                    self.call(arguments)       # warm-up at this size: lazy kernel loading happens here
+                    self.call(arguments)       # pieces capture, then replay
+                    self.stats.piecewise_sizes.append(size)
+                if self.use_full:
+                    arguments = make_full_inputs(size)
+                    if self.uniform_decode is not None and not self.uniform_decode(arguments):
+                        raise ValueError("the inputs made for FULL CUDA graph capture are not uniform decode "
+                                         "batches by the model's uniform_decode predicate")
+                    self._capture_full(size, self._pad(arguments, size, size), device)
+                torch.cuda.synchronize(device)
+                self.stats.pool_bytes_after_each.append(torch.cuda.memory_reserved(device))
+        self.stats.capture_seconds = time.perf_counter() - start
+        self.runtime.capture_allowed = False
+
+    def _capture_full(self, size: int, arguments: dict, device) -> None:
+        with full_graph_capture():
+            self.call(arguments)               # warm-up with piece graphs bypassed
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=graph_pool(device)):
+                output = self.call(arguments)
+        graph.replay()
+        self.full[size] = _FullGraph(graph, output, self._pinned(arguments))
+        self.stats.full_sizes.append(size)
+        counters.cudagraph_captures += 1
+
+    def report(self) -> dict:
+        return {
+            "mode": self.mode.value,
+            "capture_sizes": self.capture_sizes,
+            "piecewise_graphs": sum(len(p.entries) for p in self.runtime.pieces),
+            "full_graphs": len(self.full),
+            "capture_seconds": self.stats.capture_seconds,
+            "pool_bytes_after_each": self.stats.pool_bytes_after_each,
+        }

@@ -1,0 +1,81 @@
+"""Padding a call up to a capture size in vgc-owned input buffers, and slicing the outputs back.
+
+A captured graph reads its inputs from fixed addresses, so `vgc.compile` owns one buffer per dynamic input,
+sized for the largest capture size. Every dynamic dim is padded by the same amount (capture size minus the
+batch size): token inputs grow from T to N, and per-sequence inputs (one more entry for cumulative offsets)
+grow by the same number of empty sequences. Pad values are per input: a number, or "edge" to repeat the last
+entry (cumulative offsets stay monotone, padded sequences are empty).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import torch
+
+PadValue = int | float | str
+
+
+def padded_size(size: int, capture_sizes: list[int]) -> int | None:
+    """The smallest capture size >= size, or None when the size is above every capture size."""
+    i = bisect.bisect_left(capture_sizes, size)
+    return capture_sizes[i] if i < len(capture_sizes) else None
+
+
+def pad_into(buffer: torch.Tensor, value: torch.Tensor, dim: int, pad: int, pad_value: PadValue) -> torch.Tensor:
+    """Copy `value` into the front of `buffer` along `dim`, pad `pad` more entries, return that view."""
+    size = value.shape[dim]
+    view = buffer.narrow(dim, 0, size + pad)
+    view.narrow(dim, 0, size).copy_(value)
+    if pad:
+        tail = view.narrow(dim, size, pad)
+        if pad_value == "edge":
+            if size == 0:
+                tail.zero_()
+            else:
+                tail.copy_(value.narrow(dim, size - 1, 1).expand_as(tail))
+        else:
+            tail.fill_(pad_value)
+    return view
+
+
+def slice_outputs(outputs: Any, padded: int, size: int) -> Any:
+    """Undo the padding on outputs: dim 0 of each tensor with the padded size is cut back to `size`."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs[:size] if outputs.dim() and outputs.shape[0] == padded else outputs
+    if isinstance(outputs, (list, tuple)):
+        return type(outputs)(slice_outputs(o, padded, size) for o in outputs)
+    if isinstance(outputs, dict):
+        return {k: slice_outputs(v, padded, size) for k, v in outputs.items()}
+    return outputs
+
+
+class StaticInputs:
+    """vgc-owned buffers for the dynamic tensor arguments of a compiled model."""
+
+    def __init__(self, max_size: int, pad_values: dict[str, PadValue]):
+        self.max_size = max_size
+        self.pad_values = pad_values
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.slack: dict[str, int] = {}   # how far a dim may exceed the batch size (offsets: one more)
+
+    def reserve(self, name: str, tensor: torch.Tensor, dim: int, batch_size: int) -> None:
+        """Size `name`'s buffer from an example; later calls whose dim exceeds the room fall back un-graphed."""
+        slack = max(self.slack.get(name, 0), tensor.shape[dim] - batch_size, 0)
+        if name in self.buffers and slack <= self.slack[name]:
+            return
+        shape = list(tensor.shape)
+        shape[dim] = self.max_size + slack
+        self.buffers[name] = torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)
+        self.slack[name] = slack
+
+    def fits(self, name: str, tensor: torch.Tensor, dim: int, padded: int, batch_size: int) -> bool:
+        buffer = self.buffers.get(name)
+        return buffer is not None and tensor.shape[dim] + padded - batch_size <= buffer.shape[dim]
+
+    def pad(self, name: str, tensor: torch.Tensor, dim: int, pad: int) -> torch.Tensor:
+        return pad_into(self.buffers[name], tensor, dim, pad, self.pad_values.get(name, 0))
+
+    def data_ptrs(self) -> list[int]:
+        return [b.data_ptr() for b in self.buffers.values()]
