@@ -110,3 +110,18 @@ def test_dropin_piecewise_captures_on_second_use_and_keeps_outputs(tiny_fp32, fr
                                        **FP32_TOL)
     assert fresh_counters.cudagraph_captures == 3        # 3 compiled pieces, captured at the second call
     assert fresh_counters.cudagraph_replays == 3 * 2     # calls 3 and 4 replay
+
+
+@pytest.mark.parametrize("name", ["prefill", "decode", "mixed", "padded", "prefill_mqa"])
+def test_attention_op_on_cuda_matches_reference(name):
+    from test_ops import CASES, make_case
+    from vgc.ops import reference_attention
+
+    case = make_case(**CASES[name])
+    ref_out, ref_kc, ref_vc = reference_attention(**case)
+    cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+    output = torch.full_like(cuda["query"], float("nan"))
+    torch.ops.vgc.attention(output, **cuda)
+    torch.testing.assert_close(output.cpu(), ref_out.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cuda["key_cache"].cpu(), ref_kc.float(), atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(cuda["value_cache"].cpu(), ref_vc.float(), atol=0, rtol=0, equal_nan=True)

@@ -244,7 +244,8 @@ def compile(model: Callable, config: CompilationConfig | None = None,
     """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks.
 
     `dynamic_arg_dims` maps argument names to their dynamic dims (default: dim 0 of every tensor argument).
-    With CUDA graphs, `pad_values` gives each input's padding value (default 0; "edge" repeats the last entry)
+    With CUDA graphs, `pad_values` gives each input's padding value (a number, or "edge", the default, which
+    repeats the last entry)
     and `uniform_decode(arguments) -> bool` says which calls FULL graphs serve (FULL_AND_PIECEWISE needs it).
     """
     return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode)

@@ -3,8 +3,10 @@
 A captured graph reads its inputs from fixed addresses, so `vgc.compile` owns one buffer per dynamic input,
 sized for the largest capture size. Every dynamic dim is padded by the same amount (capture size minus the
 batch size): token inputs grow from T to N, and per-sequence inputs (one more entry for cumulative offsets)
-grow by the same number of empty sequences. Pad values are per input: a number, or "edge" to repeat the last
-entry (cumulative offsets stay monotone, padded sequences are empty).
+grow by the same number of entries. Pad values are per input: a number, or "edge" (the default) to repeat the
+last entry. Edge padding makes padded tokens copies of the last real one and keeps cumulative offsets monotone
+(padded sequences are empty), so a model that was never told about padding still sees valid inputs; a model
+can do better, e.g. slot -1 so that padded tokens write no KV (see `vgc.models.llama.PAD_VALUES`).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class StaticInputs:
         return buffer is not None and tensor.shape[dim] + padded - batch_size <= buffer.shape[dim]
 
     def pad(self, name: str, tensor: torch.Tensor, dim: int, pad: int) -> torch.Tensor:
-        return pad_into(self.buffers[name], tensor, dim, pad, self.pad_values.get(name, 0))
+        return pad_into(self.buffers[name], tensor, dim, pad, self.pad_values.get(name, "edge"))
 
     def data_ptrs(self) -> list[int]:
         return [b.data_ptr() for b in self.buffers.values()]

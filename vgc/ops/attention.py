@@ -13,6 +13,12 @@ Layout (vLLM-style):
 
 Output rows at and beyond ``query_start_loc[B]`` (padding tokens) are zeroed,
 so that padded batches produce deterministic, NaN-free outputs.
+
+Contract of the CUDA path: a batch with as many tokens as sequences is a decode
+batch, one token per sequence (token t is sequence t's last position). It is
+served by a Triton kernel that reads every length on the device (no host sync,
+so it can be captured in a CUDA graph); there a padding row attends like the
+sequence it pads (nothing, for a padded length 0).
 """
 
 from __future__ import annotations
@@ -64,12 +70,13 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
                      scale, use_sdpa):
     _check_args(output, query, key, value, key_cache, value_cache,
                 slot_mapping, block_table, seq_lens, query_start_loc)
-    use_triton = use_sdpa and triton_attention.HAS_TRITON
+    use_triton = use_sdpa and triton_attention.HAS_TRITON and query.is_cuda
     if use_triton:
         triton_attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
-        if torch.cuda.is_current_stream_capturing():
-            # Inside a CUDA graph (cudagraph_mode FULL) nothing may sync with the host: the batch must be
-            # uniform single-token decode, token t being sequence t (padding sequences have length 0).
+        if query.shape[0] == seq_lens.shape[0] or torch.cuda.is_current_stream_capturing():
+            # As many tokens as sequences means one token per sequence (the op's contract): token t is
+            # sequence t's last position. Decided from shapes, with no host sync, so it also runs inside a
+            # CUDA graph, where it must be a decode batch.
             triton_attention.decode_attention(output, query, key_cache, value_cache, block_table, seq_lens,
                                               scale)
             return
@@ -81,10 +88,6 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     lens = seq_lens.tolist()
     _check_lengths(starts, lens, query.shape[0], key_cache.shape[1],
                    block_table.shape[1])
-    if use_triton and starts == list(range(len(lens) + 1)):
-        # Uniform decode: the same kernel as inside a CUDA graph, without the padded SDPA gather.
-        triton_attention.decode_attention(output, query, key_cache, value_cache, block_table, seq_lens, scale)
-        return
 
     attend = _attend_sdpa if use_sdpa else _attend_math
     block_size = key_cache.shape[1]
