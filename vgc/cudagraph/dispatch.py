@@ -16,7 +16,7 @@ from tqdm import tqdm
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import StaticInputs, padded_size, slice_outputs
-from vgc.cudagraph.runtime import GraphRuntime, frozen_gc, full_graph_capture, graph_pool
+from vgc.cudagraph.runtime import GraphRuntime, frozen_gc, full_graph_capture
 from vgc.guards import InputMismatchError
 
 logger = logging.getLogger("vgc")
@@ -142,7 +142,7 @@ class GraphDispatcher:
         with full_graph_capture():
             self.call(arguments)               # warm-up with piece graphs bypassed
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=graph_pool(device)):
+            with torch.cuda.graph(graph, pool=self.runtime.pool()):
                 output = self.call(arguments)
         graph.replay()
         self.full[size] = _FullGraph(graph, output, self._pinned(arguments))

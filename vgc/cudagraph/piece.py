@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from vgc.counters import counters
-from vgc.cudagraph.runtime import GraphRuntime, full_graph_active, graph_pool
+from vgc.cudagraph.runtime import GraphRuntime, full_graph_active
 from vgc.piecewise import CompiledPiece
 
 logger = logging.getLogger("vgc")
@@ -64,7 +64,7 @@ class CUDAGraphPiece:
             else:
                 inputs.append(arg)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=graph_pool(_device_of(args))):
+        with torch.cuda.graph(graph, pool=self.runtime.pool()):
             outputs = self.piece(*inputs)
         graph.replay()   # capturing only records: this call's results come from the first replay
         self.entries[size] = _Entry(graph, inputs, copy_in, outputs)
@@ -79,6 +79,3 @@ class CUDAGraphPiece:
                 raise RuntimeError(f"vgc debug: input {i} of {self.name} moved from {captured.data_ptr():#x} to "
                                    f"{arg.data_ptr():#x} since capture; the graph would read a stale buffer")
 
-
-def _device_of(args) -> torch.device:
-    return next(a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda)

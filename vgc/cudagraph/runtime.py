@@ -8,16 +8,7 @@ import threading
 
 import torch
 
-_pools: dict[int, object] = {}
 _local = threading.local()
-
-
-def graph_pool(device: torch.device):
-    """One pool per device for every graph vgc captures: captured largest-first, smaller graphs reuse blocks."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _pools:
-        _pools[index] = torch.cuda.graph_pool_handle()
-    return _pools[index]
 
 
 def full_graph_active() -> bool:
@@ -60,6 +51,17 @@ class GraphRuntime:
         self.stable_ptrs: set[int] = set()
         self.debug = False
         self.pieces: list = []   # the CUDAGraphPiece wrappers, for statistics
+        self._pool = None
+
+    def pool(self):
+        """The one memory pool of this model's graphs, captured largest-first so smaller graphs reuse blocks.
+
+        Owned here, not per process: a pool handle outlives its graphs only while something holds it, and a
+        handle whose graphs were all freed must never be captured into again.
+        """
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     def is_stable(self, tensor: torch.Tensor) -> bool:
         return tensor.data_ptr() in self.stable_ptrs
