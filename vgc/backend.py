@@ -13,7 +13,7 @@ import torch.fx as fx
 from vgc import _compat
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
-from vgc.compiler import compile_piece, find_size_source, piece_key, returns_tuple, unwrap_single
+from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, returns_tuple, unwrap_single
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.piece import CUDAGraphPiece
@@ -201,7 +201,8 @@ class VgcBackend:
             static_fns = {size: build(size) for size in self.config.compile_sizes}
         elif self.config.compile_sizes:
             logger.debug("vgc: %s has no single symbolic size; compile_sizes do not apply to it", piece.name)
-        return CompiledPiece(piece.name, key, dynamic_fn, static_fns, size_source)
+        return CompiledPiece(piece.name, key, dynamic_fn, static_fns, size_source,
+                             has_symbols=bool(free_symbols(example_inputs)))
 
     def _graph_runtime_for(self, device_type: str) -> GraphRuntime | None:
         """The piece-graph runtime when this graph's pieces should be captured, else None."""

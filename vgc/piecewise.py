@@ -11,15 +11,16 @@ from vgc.counters import counters
 class CompiledPiece:
     """A callable standing in for one compiled submodule of the split graph."""
 
-    __slots__ = ("name", "key", "dynamic_fn", "static_fns", "size_source")
+    __slots__ = ("name", "key", "dynamic_fn", "static_fns", "size_source", "has_symbols")
 
     def __init__(self, name: str, key: str, dynamic_fn: Callable, static_fns: dict[int, Callable],
-                 size_source: SizeSource | None):
+                 size_source: SizeSource | None, has_symbols: bool = True):
         self.name = name
         self.key = key
         self.dynamic_fn = dynamic_fn
         self.static_fns = static_fns
         self.size_source = size_source
+        self.has_symbols = has_symbols   # False: fully static inputs, so one CUDA graph serves every call
 
     def runtime_size(self, args) -> int | None:
         return None if self.size_source is None else int(self.size_source.read(args))

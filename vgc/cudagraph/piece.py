@@ -48,8 +48,9 @@ class CUDAGraphPiece:
             entry.graph.replay()
             counters.cudagraph_replays += 1
             return entry.outputs
-        # size None: a piece without dynamic inputs (or a static-shape graph); one graph serves every call.
-        capturable = size is None or size in self.runtime.capture_sizes
+        # size None: either fully static inputs (one graph serves every call) or several independent dynamic
+        # sizes, which no single capture size describes: those pieces always run un-graphed.
+        capturable = size in self.runtime.capture_sizes if size is not None else not self.piece.has_symbols
         if capturable and self.runtime.capture_allowed and size in self.seen_sizes:
             return self._capture(size, args)
         self.seen_sizes.add(size)   # the first run at a size is the warm-up (lazy kernel loading, autotuning)
