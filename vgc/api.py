@@ -65,7 +65,7 @@ class CompiledModel:
             raise ValueError(f"dynamic_arg_dims names unknown argument(s) {unknown}; "
                              f"the model takes {list(self._signature.parameters)}")
         self.dynamic_arg_dims = dynamic_arg_dims
-        self.pad_values = dict(pad_values or {})
+        self.pad_values = None if pad_values is None else dict(pad_values)
         self.uniform_decode = uniform_decode
         if self.config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE and uniform_decode is None:
             raise ValueError("cudagraph_mode FULL_AND_PIECEWISE needs uniform_decode=<predicate on the call's "
@@ -244,8 +244,8 @@ def compile(model: Callable, config: CompilationConfig | None = None,
     """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks.
 
     `dynamic_arg_dims` maps argument names to their dynamic dims (default: dim 0 of every tensor argument).
-    With CUDA graphs, `pad_values` gives each input's padding value (a number, or "edge", the default, which
-    repeats the last entry)
+    With CUDA graphs, `pad_values` says how to pad each input up to a capture size (a number, default 0, or
+    "edge" to repeat the last entry); without it, only calls of exactly a capture size replay graphs
     and `uniform_decode(arguments) -> bool` says which calls FULL graphs serve (FULL_AND_PIECEWISE needs it).
     """
     return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode)

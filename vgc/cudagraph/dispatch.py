@@ -46,6 +46,7 @@ class GraphDispatcher:
         self.capture_sizes = sorted(capture_sizes)
         self.dynamic = dynamic               # argument name -> its padded dim
         self.static = StaticInputs(self.capture_sizes[-1], pad_values)
+        self.may_pad = pad_values is not None   # without pad values only exact capture sizes replay graphs
         self.uniform_decode = uniform_decode
         self.runtime = runtime
         self.size_arg = size_arg
@@ -61,6 +62,8 @@ class GraphDispatcher:
     def run(self, arguments: dict):
         size = self.batch_size(arguments)
         padded = padded_size(size, self.capture_sizes)
+        if padded != size and not self.may_pad:
+            padded = None
         if padded is None or not all(self.static.fits(name, arguments[name], dim, padded, size)
                                      for name, dim in self.dynamic.items()):
             counters.eager_runs += 1

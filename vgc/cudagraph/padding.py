@@ -3,10 +3,12 @@
 A captured graph reads its inputs from fixed addresses, so `vgc.compile` owns one buffer per dynamic input,
 sized for the largest capture size. Every dynamic dim is padded by the same amount (capture size minus the
 batch size): token inputs grow from T to N, and per-sequence inputs (one more entry for cumulative offsets)
-grow by the same number of entries. Pad values are per input: a number, or "edge" (the default) to repeat the
-last entry. Edge padding makes padded tokens copies of the last real one and keeps cumulative offsets monotone
-(padded sequences are empty), so a model that was never told about padding still sees valid inputs; a model
-can do better, e.g. slot -1 so that padded tokens write no KV (see `vgc.models.llama.PAD_VALUES`).
+grow by the same number of entries. Pad values are per input: a number (default 0), or "edge" to repeat the
+last entry (cumulative offsets stay monotone, padded sequences are empty).
+
+Only the model knows which values are inert (a KV slot of -1 writes nothing; a repeated slot would overwrite a
+real token's KV from the second layer on, where padded rows no longer equal the row they copied). So vgc pads
+only when `vgc.compile(..., pad_values=...)` says how; without it, graphs serve calls of exactly a capture size.
 """
 
 from __future__ import annotations
@@ -56,9 +58,9 @@ def slice_outputs(outputs: Any, padded: int, size: int) -> Any:
 class StaticInputs:
     """vgc-owned buffers for the dynamic tensor arguments of a compiled model."""
 
-    def __init__(self, max_size: int, pad_values: dict[str, PadValue]):
+    def __init__(self, max_size: int, pad_values: dict[str, PadValue] | None):
         self.max_size = max_size
-        self.pad_values = pad_values
+        self.pad_values = pad_values or {}
         self.buffers: dict[str, torch.Tensor] = {}
         self.slack: dict[str, int] = {}   # how far a dim may exceed the batch size (offsets: one more)
 
@@ -77,7 +79,7 @@ class StaticInputs:
         return buffer is not None and tensor.shape[dim] + padded - batch_size <= buffer.shape[dim]
 
     def pad(self, name: str, tensor: torch.Tensor, dim: int, pad: int) -> torch.Tensor:
-        return pad_into(self.buffers[name], tensor, dim, pad, self.pad_values.get(name, "edge"))
+        return pad_into(self.buffers[name], tensor, dim, pad, self.pad_values.get(name, 0))
 
     def data_ptrs(self) -> list[int]:
         return [b.data_ptr() for b in self.buffers.values()]
