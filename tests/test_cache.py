@@ -167,6 +167,8 @@ def test_cache_commands(cold_then_warm, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "submod_0" in out and "dynamic" in out and "torch_version" in out
     assert vgc_main(["cache", "--root", str(root), "verify"]) == 0
+    assert vgc_main(["cache", "--root", str(root), "show", "nosuchhash"]) == 2
+    assert "no entry" in capsys.readouterr().out
     # why-miss: identical config -> hit; a codegen field changed -> that field is named
     assert vgc_main(["cache", "--root", str(root), "why-miss"]) == 0
     assert "would be a hit" in capsys.readouterr().out

@@ -97,7 +97,19 @@ def test_mismatched_inputs_raise_clear_errors_without_recompiling(tiny, fresh_co
         compiled(**{**batch, "positions": batch["positions"][:3]})
     with pytest.raises(vgc.InputMismatchError, match="'kv_caches'"):
         compiled(**{**batch, "kv_caches": batch["kv_caches"][:1]})
+    strided = torch.stack([batch["positions"], batch["positions"]], dim=1)[:, 0]
+    with pytest.raises(vgc.InputMismatchError, match="'positions'.*contiguous"):
+        compiled(**{**batch, "positions": strided})
     assert (fresh_counters.dynamo_traces, fresh_counters.inductor_compiles) == (traces, compiles)
+
+
+def test_runs_without_autograd_whatever_the_grad_mode(tiny, no_cache):
+    cfg, model = tiny
+    compiled = vgc.compile(model)
+    with torch.enable_grad():
+        compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+        out = compiled(**llama.make_batch(cfg, 5, "prefill"))
+    assert not out.requires_grad
 
 
 def test_anything_that_would_compile_after_warmup_raises(tiny, no_cache):

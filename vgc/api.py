@@ -87,12 +87,15 @@ class CompiledModel:
             return self._trace(args, kwargs)
         arguments = self._bind(args, kwargs)
         self._check(arguments)
-        if self.graphs is not None:
-            return self.graphs.run(arguments)
-        return self._compiled(*args, **kwargs)
+        # Inference only: traced and run without autograd, whatever the caller's grad mode.
+        with torch.no_grad():
+            if self.graphs is not None:
+                return self.graphs.run(arguments)
+            return self._compiled(*args, **kwargs)
 
     def _call_arguments(self, arguments: dict[str, Any]):
-        return self._compiled(**arguments)
+        with torch.no_grad():
+            return self._compiled(**arguments)
 
     def _bind(self, args, kwargs) -> dict[str, Any]:
         bound = self._signature.bind(*args, **kwargs)
@@ -124,10 +127,11 @@ class CompiledModel:
         if not any(self._dynamic.values()):
             logger.warning("vgc: no dynamic dims were marked; the model is compiled for these exact shapes")
         start = time.perf_counter()
-        compiled_before = counters.inductor_compiles
+        compiled_before, loaded_before = counters.inductor_compiles, counters.artifacts_loaded
         # Without duck sizing, equal sizes at trace time stay separate symbols: only relations the model really
         # needs (input_ids and positions broadcast together) become guards, and those are checked per call.
-        with _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS), _compat.no_duck_shape():
+        with _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS), \
+                _compat.no_duck_shape(), torch.no_grad():
             out = self._compiled(*args, **kwargs)
         total = time.perf_counter() - start
         self._specs = specs
@@ -135,9 +139,8 @@ class CompiledModel:
         self._setup_graphs()
         backend_s = sum(sum(g.seconds.values()) for g in self.backend.graphs)
         self._seconds.update(first_call=total, backend=backend_s, dynamo_trace_and_run=total - backend_s)
-        logger.info("vgc: traced once and %s %d artifacts in %.2f s",
-                    "compiled" if counters.inductor_compiles > compiled_before else "loaded",
-                    sum(g.artifacts_compiled + g.artifacts_loaded for g in self.backend.graphs), total)
+        logger.info("vgc: traced once, compiled %d and loaded %d artifacts in %.2f s",
+                    counters.inductor_compiles - compiled_before, counters.artifacts_loaded - loaded_before, total)
         return out
 
     @staticmethod

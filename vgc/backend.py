@@ -112,8 +112,9 @@ class VgcBackend:
                                  "(torch.compile(..., options=...) is for backend='vgc')")
             if self.sealed:
                 raise CompileAfterWarmupError(
-                    "vgc: a new Dynamo trace/compile was requested after warmup(); the inputs no longer match the "
-                    "traced graph. Warm up with inputs like the ones you serve, or mark the changing dims dynamic.")
+                    "vgc: Dynamo asked to trace and compile again after warmup(). With guards dropped this only "
+                    "happens when Dynamo lost the compiled code (torch._dynamo.reset(), a cache-size limit) or "
+                    "the model is called through another entry; build and warm up the CompiledModel again.")
             return self._compile_graph(gm, example_inputs)
         except (ValueError, CompileAfterWarmupError) as e:
             raise _compat.through_dynamo(e) from e
@@ -161,7 +162,7 @@ class VgcBackend:
         record.seconds = seconds
 
         record.cache_dir = str(store.directory) if store.directory is not None else None
-        record.computation_graph = debug_files.write_computation_graph(store, split_gm, pieces, len(self.graphs))
+        record.computation_graph = debug_files.write_computation_graph(store, split_gm, pieces)
         debug_files.expect_transformed_code(store)
         self.graphs.append(record)
         logger.info("vgc: graph %d: %d pieces (%d unique compiled), %d compiled, %d loaded in %.2f s%s",

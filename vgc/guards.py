@@ -31,11 +31,12 @@ class TensorSpec:
     device: torch.device
     ndim: int
     static_dims: tuple[tuple[int, int], ...]   # (dim, size) of every dim that is not dynamic
+    contiguous: bool                             # compiled code indexes a contiguous input as such
 
     @classmethod
     def of(cls, tensor: torch.Tensor, dynamic_dims) -> "TensorSpec":
         static = tuple((d, s) for d, s in enumerate(tensor.shape) if d not in dynamic_dims)
-        return cls(tensor.dtype, tensor.device, tensor.dim(), static)
+        return cls(tensor.dtype, tensor.device, tensor.dim(), static, tensor.is_contiguous())
 
     def check(self, where: str, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
@@ -47,6 +48,9 @@ class TensorSpec:
             raise InputMismatchError(f"{where}: device {t.device} differs from the traced {self.device}")
         if t.dim() != self.ndim:
             raise InputMismatchError(f"{where}: rank {t.dim()} differs from the traced rank {self.ndim}")
+        if self.contiguous and not t.is_contiguous():
+            raise InputMismatchError(f"{where}: the tensor was contiguous when traced and is not now (strides "
+                                     f"{t.stride()}); pass t.contiguous()")
         shape = t.shape
         for dim, size in self.static_dims:
             if shape[dim] != size:

@@ -42,6 +42,14 @@ def _mib(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (LookupError, ValueError) as e:
+        print(f"vgc cache: {e}")
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     root = Path(args.root).expanduser() if args.root else envs.cache_root()
     command = args.cache_command
     if command == "ls":

@@ -14,9 +14,15 @@ from vgc import _compat
 logger = logging.getLogger("vgc")
 
 
-def write_computation_graph(store, split_gm: fx.GraphModule, pieces, graph_index: int) -> str | None:
+# Graphs written per cache directory in this process: graph breaks give one backend call (and file) each.
+_graphs_written: dict[str, int] = {}
+
+
+def write_computation_graph(store, split_gm: fx.GraphModule, pieces) -> str | None:
     if store.directory is None:
         return None
+    graph_index = _graphs_written.get(str(store.directory), 0)
+    _graphs_written[str(store.directory)] = graph_index + 1
     lines = [f"# vgc split graph {graph_index}: {len(pieces)} pieces; "
              "pieces marked [eager] run uncompiled at the splitting ops, the others are compiled by Inductor."]
     for piece in pieces:

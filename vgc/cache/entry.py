@@ -9,7 +9,7 @@ from pathlib import Path
 from vgc import envs
 from vgc.cache.inventory import CACHE_SUBDIR, closest_entry
 from vgc.cache.keys import cache_key, environment_factors, source_factors, traced_source_files
-from vgc.cache.store import ArtifactStore, NoStore
+from vgc.cache.store import ArtifactStore, NoStore, make_private_dirs
 from vgc.config import CompilationConfig
 
 logger = logging.getLogger("vgc")
@@ -37,13 +37,17 @@ def rank_dir_name() -> str:
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    dp = int(os.environ.get("VGC_DP_RANK", "0"))
+    raw = os.environ.get("VGC_DP_RANK", "0")
+    if not raw.isdigit():
+        raise ValueError(f"VGC_DP_RANK={raw!r} must be a non-negative integer (the data-parallel rank)")
+    dp = int(raw)
     return f"rank_{rank}_{dp}"
 
 
 def _use_inductor_cache_under(root: Path) -> None:
     """Keep Inductor's kernel cache beside vgc's artifacts so that copying the root copies built kernels too."""
     if _USER_INDUCTOR_CACHE_DIR is None:
+        make_private_dirs(root / "inductor_cache")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor_cache")
 
 
@@ -61,15 +65,15 @@ def open_store(config: CompilationConfig, device_type: str, code_objects) -> Art
     if not cache_enabled():
         return NoStore()
     fmt = save_format(config)
+    root = cache_root(config)
+    _use_inductor_cache_under(root)   # first: computing the key already probes the CPU ISA into Inductor's cache
     paths = traced_source_files(code_objects)
     key, factors = cache_key(config.hash_factors(), environment_factors(device_type), source_factors(paths))
-    root = cache_root(config)
     directory = root / CACHE_SUBDIR / key / rank_dir_name()
     if not directory.exists():
         explain_new_entry(root, key, factors)
     store = ArtifactStore(directory, fmt)
     # Paths are kept beside the key (never in it) so that `vgc cache why-miss` can re-hash the sources.
     store.write_factors({"hash": key, "factors": factors, "source_paths": paths})
-    _use_inductor_cache_under(root)
     logger.info("vgc: using cache directory %s", directory)
     return store

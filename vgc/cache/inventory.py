@@ -70,7 +70,7 @@ def find_entry(root: Path, prefix: str) -> Entry:
 
 
 def verify_entry(entry: Entry) -> list[str]:
-    """Problems found: each artifact against its recorded content hash, and files the index does not know."""
+    """Problems found: each indexed artifact checked against its recorded content hash."""
     problems = []
     for store in entry.stores():
         index = store.read_index()

@@ -39,6 +39,20 @@ def _device_factors(device_type: str) -> dict[str, Any]:
     return {"machine": platform.machine(), "cpu_vec_isa": _compat.cpu_vec_isa()}
 
 
+@functools.cache
+def vgc_source_digest() -> str:
+    """vgc's own code shapes the pieces it hands to Inductor: any change to it is a new cache entry."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for dirpath, _, files in sorted(os.walk(package)):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(dirpath, name)
+            h.update(os.path.relpath(path, package).encode())
+            with open(path, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()[:16]
+
+
 def environment_factors(device_type: str) -> dict[str, Any]:
     """Versions and compiler settings that change generated code."""
     from vgc import __version__
@@ -47,6 +61,7 @@ def environment_factors(device_type: str) -> dict[str, Any]:
     functorch = _compat.functorch_config_portable()
     return {
         "vgc_version": __version__,
+        "vgc_source": vgc_source_digest(),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "torch_version": torch.__version__,
         "torch_build": _compat.torch_build_key(),

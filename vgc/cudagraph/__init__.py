@@ -1,1 +1,2 @@
-"""CUDA graph capture and replay (not built yet: `cudagraph_mode` other than NONE logs a warning)."""
+"""CUDA graphs for decoders: piece graphs (`piece`), padding (`padding`), per-call dispatch and FULL graphs
+(`dispatch`), and the per-model pool and capture state (`runtime`)."""
