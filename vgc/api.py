@@ -228,7 +228,7 @@ class CompiledModel:
             padded[name] = next(iter(dims))
         if not padded:
             raise ValueError("CUDA graphs need at least one dynamic input to pad (see dynamic_arg_dims)")
-        runtime = self.backend.graph_runtime or GraphRuntime(self.config.resolved_capture_sizes(), piecewise=False)
+        runtime = self.backend.graph_runtime or GraphRuntime(self.config.resolved_capture_sizes(), self.config.debug)
         runtime.capture_allowed = False   # vgc.compile captures in warmup() only, with its own padded buffers
         self.graphs = GraphDispatcher(self._call_arguments, mode, self.config.resolved_capture_sizes(), padded,
                                       self.pad_values, self.uniform_decode, runtime, size_arg=next(iter(padded)))

@@ -220,8 +220,7 @@ class VgcBackend:
         if mode == CUDAGraphMode.FULL:
             return None
         if self.graph_runtime is None:
-            self.graph_runtime = GraphRuntime(self.config.resolved_capture_sizes(), piecewise=True)
-            self.graph_runtime.debug = self.config.debug
+            self.graph_runtime = GraphRuntime(self.config.resolved_capture_sizes(), debug=self.config.debug)
         return self.graph_runtime
 
     def stats(self) -> dict[str, Any]:

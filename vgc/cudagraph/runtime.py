@@ -44,12 +44,11 @@ class GraphRuntime:
     """Per-model switches and records: which sizes to capture, whether capturing is still allowed, and the
     addresses that stay valid across replays (graph outputs, vgc-owned input buffers, model weights)."""
 
-    def __init__(self, capture_sizes: list[int], piecewise: bool):
+    def __init__(self, capture_sizes: list[int], debug: bool = False):
         self.capture_sizes = frozenset(capture_sizes)
-        self.piecewise = piecewise
         self.capture_allowed = True
         self.stable_ptrs: set[int] = set()
-        self.debug = False
+        self.debug = debug
         self.pieces: list = []   # the CUDAGraphPiece wrappers, for statistics
         self._pool = None
 
