@@ -1,0 +1,70 @@
+"""Models vgc has never seen: unmodified Hugging Face transformers, split at aten SDPA, compared with eager."""
+
+import pytest
+import torch
+
+import vgc
+from conftest import FP32_TOL
+
+transformers = pytest.importorskip("transformers")
+
+SDPA_SPLIT = vgc.CompilationConfig(splitting_ops=["aten::scaled_dot_product_attention"])
+
+
+def _llama():
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.LlamaModel(config).eval()
+
+
+def _gpt2():
+    config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=3, n_head=4, n_positions=128,
+                                     bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.GPT2Model(config).eval()
+
+
+class LastHidden(torch.nn.Module):
+    """The serving entry point a user would write around a Hugging Face model."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).last_hidden_state
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2], ids=["llama", "gpt2"])
+def test_hf_model_dropin_split_at_sdpa(build, fresh_counters, no_cache):
+    model = LastHidden(build())
+    backend = vgc.VgcBackend(SDPA_SPLIT)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for shape in ((2, 9), (3, 5)):
+            ids = torch.randint(0, 128, shape)
+            torch.testing.assert_close(compiled(ids), model(ids), **FP32_TOL)
+    graph = backend.graphs[0]
+    assert len(graph.pieces) == 2 * 3 + 1 and sum(p.is_splitting for p in graph.pieces) == 3
+    assert len(graph.unique_keys) <= 3
+
+
+def test_hf_llama_traced_once_over_sequence_lengths(fresh_counters, dynamo_counters_cleared, no_cache):
+    model = LastHidden(_llama())
+    compiled = vgc.compile(model, config=SDPA_SPLIT, dynamic_arg_dims={"input_ids": 1})
+    compiled.warmup(lambda n: (torch.randint(0, 128, (2, n)),))
+    compiles = fresh_counters.inductor_compiles
+    with torch.no_grad():
+        for n in (1, 2, 5, 16, 33):
+            ids = torch.randint(0, 128, (2, n))
+            torch.testing.assert_close(compiled(ids), model(ids), **FP32_TOL)
+    assert fresh_counters.dynamo_traces == 1 and fresh_counters.inductor_compiles == compiles
+    assert dynamo_counters_cleared["stats"]["unique_graphs"] == 1
+
+
+@pytest.fixture
+def dynamo_counters_cleared():
+    torch._dynamo.utils.counters.clear()
+    return torch._dynamo.utils.counters
