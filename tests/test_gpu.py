@@ -125,3 +125,20 @@ def test_attention_op_on_cuda_matches_reference(name):
     torch.testing.assert_close(output.cpu(), ref_out.float(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cuda["key_cache"].cpu(), ref_kc.float(), atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(cuda["value_cache"].cpu(), ref_vc.float(), atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", ["piecewise", "full"])
+def test_debug_mode_compares_a_replay_with_the_ungraphed_run(mode, tiny_fp32, no_cache):
+    cfg, model = tiny_fp32
+    kv = llama.make_kv_caches(cfg, "cuda")
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=[4, 8],
+                                                               debug=True),
+                           pad_values=llama.PAD_VALUES)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv))
+    with torch.no_grad():
+        compiled(**llama.make_batch(cfg, 6, "decode", device="cuda", kv_caches=kv))   # sampled, and correct
+        # A buffer that moved behind the graphs' back: replays read the old one, the debug check must notice.
+        static = compiled.graphs.static.buffers
+        static["input_ids"] = torch.zeros_like(static["input_ids"])
+        with pytest.raises(RuntimeError, match="differs from the un-graphed run"):
+            compiled(**llama.make_batch(cfg, 3, "decode", device="cuda", kv_caches=kv))

@@ -84,7 +84,7 @@ class CompilationConfig:
     encoder_cudagraph_token_budgets: list[int] = field(default_factory=list)
     encoder_cudagraph_max_vision_items_per_batch: int = 0
     encoder_cudagraph_max_frames_per_batch: int | None = None
-    debug: bool = False
+    debug: bool = False   # CUDA graphs: check replayed inputs' addresses; compare sampled replays with eager
 
     def __post_init__(self):
         if self.splitting_ops is None:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import StaticInputs, padded_size, slice_outputs
-from vgc.cudagraph.runtime import GraphRuntime, frozen_gc, full_graph_capture
+from vgc.cudagraph.runtime import GraphRuntime, bypass_piece_graphs, frozen_gc
 from vgc.guards import InputMismatchError
 
 logger = logging.getLogger("vgc")
@@ -37,6 +37,16 @@ class GraphStats:
     pool_bytes_after_each: list[int] = field(default_factory=list)
 
 
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensors(o)]
+    return []
+
+
 class GraphDispatcher:
     def __init__(self, call: Callable[[dict], Any], mode: CUDAGraphMode, capture_sizes: list[int],
                  dynamic: dict[str, int], pad_values: dict, uniform_decode: Callable[[dict], bool] | None,
@@ -52,6 +62,7 @@ class GraphDispatcher:
         self.size_arg = size_arg
         self.full: dict[int, _FullGraph] = {}
         self.stats = GraphStats()
+        self._debug_calls: dict[int, int] = {}
         self.use_full = mode in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
         self.use_piecewise = mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
 
@@ -81,7 +92,29 @@ class GraphDispatcher:
             out = full.output
         else:
             out = self.call(padded_arguments)
-        return slice_outputs(out, padded, size)
+        out = slice_outputs(out, padded, size)
+        if self.runtime.debug and self._sample(padded):
+            self._compare_with_ungraphed(out, arguments, padded)
+        return out
+
+    def _sample(self, padded: int) -> bool:
+        """Debug sampling: the first call at each padded size, then one call in 100."""
+        count = self._debug_calls.get(padded, 0)
+        self._debug_calls[padded] = count + 1
+        return count % 100 == 0
+
+    def _compare_with_ungraphed(self, out, arguments: dict, padded: int) -> None:
+        """Debug: run the same call without graphs and compare. The re-run repeats the call's KV writes, which
+        write the same values to the same slots."""
+        replayed = [t.clone() for t in _tensors(out)]
+        with bypass_piece_graphs():
+            reference = _tensors(self.call(arguments))
+        for got, want in zip(replayed, reference):
+            tolerance = 5e-2 if got.dtype in (torch.bfloat16, torch.float16) else 1e-3
+            if got.shape != want.shape or not torch.allclose(got, want, atol=tolerance, rtol=tolerance):
+                worst = (got.float() - want.float()).abs().max().item() if got.shape == want.shape else "shape"
+                raise RuntimeError(f"vgc debug: the CUDA-graph replay at padded size {padded} differs from the "
+                                   f"un-graphed run (max |diff| {worst}); a graph read a stale or moved buffer")
 
     def _pad(self, arguments: dict, padded: int, size: int) -> dict:
         out = dict(arguments)
@@ -142,7 +175,7 @@ class GraphDispatcher:
         self.runtime.capture_allowed = False
 
     def _capture_full(self, size: int, arguments: dict, device) -> None:
-        with full_graph_capture():
+        with bypass_piece_graphs():
             self.call(arguments)               # warm-up with piece graphs bypassed
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.runtime.pool()):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from vgc.counters import counters
-from vgc.cudagraph.runtime import GraphRuntime, full_graph_active
+from vgc.cudagraph.runtime import GraphRuntime, piece_graphs_bypassed
 from vgc.piecewise import CompiledPiece
 
 logger = logging.getLogger("vgc")
@@ -35,7 +35,7 @@ class CUDAGraphPiece:
         runtime.pieces.append(self)
 
     def __call__(self, *args):
-        if full_graph_active():
+        if piece_graphs_bypassed():
             return self.piece(*args)
         size = self.piece.runtime_size(args)
         entry = self.entries.get(size)

@@ -11,18 +11,18 @@ import torch
 _local = threading.local()
 
 
-def full_graph_active() -> bool:
-    """True while a whole-forward (FULL) graph is captured: piece graphs must then run their code inline."""
-    return getattr(_local, "full", False)
+def piece_graphs_bypassed() -> bool:
+    """True while piece graphs must run their code inline: inside a FULL capture, or a debug reference run."""
+    return getattr(_local, "bypass", False)
 
 
 @contextlib.contextmanager
-def full_graph_capture():
-    _local.full = True
+def bypass_piece_graphs():
+    _local.bypass = True
     try:
         yield
     finally:
-        _local.full = False
+        _local.bypass = False
 
 
 @contextlib.contextmanager
