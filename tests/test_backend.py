@@ -188,3 +188,31 @@ def test_entry_point_resolves_vgc_without_import(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "imported True" in proc.stdout
+
+
+def test_eager_pieces_call_custom_op_bodies_directly(tiny, no_cache):
+    cfg, model = tiny
+    compiled = vgc.compile(model)
+    with torch.no_grad():
+        out = compiled(**llama.make_batch(cfg, 6, "decode"))
+    torch.testing.assert_close(out, model(**llama.make_batch(cfg, 6, "decode")), **FP32_TOL)
+    attention_piece = next(p for p in compiled.backend.graphs[0].pieces if p.is_splitting)
+    assert "torch.ops.vgc.attention" not in attention_piece.module.code
+
+
+def test_ops_with_device_kernels_keep_the_dispatcher():
+    from vgc._compat import direct_kernel
+
+    @torch.library.custom_op("vgc_test::scaled", mutates_args=())
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    assert direct_kernel(torch.ops.vgc_test.scaled.default) is not None
+
+    @torch.library.custom_op("vgc_test::per_device", mutates_args=())
+    def per_device(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    per_device.register_kernel("cpu")(lambda x: x * 3)
+    assert direct_kernel(torch.ops.vgc_test.per_device.default) is None
+    assert direct_kernel(torch.ops.aten.add.Tensor) is None

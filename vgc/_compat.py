@@ -185,3 +185,26 @@ def through_dynamo(exc: Exception) -> Exception:
     new = _passthrough_type(type(exc))(*exc.args)
     new.__cause__ = exc.__cause__
     return new
+
+
+def direct_kernel(target) -> Callable | None:
+    """The Python body of a `torch.library.custom_op`, when calling it directly equals dispatching to it.
+
+    Dispatching a Python custom op costs tens of microseconds of host time (schema and mutation bookkeeping);
+    the eager pieces between CUDA graphs pay it once per layer. Only ops with a single, device-generic kernel
+    and no dispatch-level overrides qualify.
+    """
+    from torch._library import custom_ops
+
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        target = getattr(target, "default", None)
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    opdef = custom_ops.OPDEFS.get(target._schema.name)
+    if opdef is None or getattr(opdef, "_init_fn", None) is None:
+        return None
+    overrides = (getattr(opdef, "_torch_dispatch_fns", None), getattr(opdef, "_vmap_fn", None),
+                 getattr(opdef, "_autocast_dtype", None), getattr(opdef, "_disabled_kernel", None))
+    if set(getattr(opdef, "_backend_fns", {None: None})) != {None} or any(overrides):
+        return None
+    return opdef._init_fn

@@ -84,6 +84,20 @@ def _module_state_arguments(split_gm: fx.GraphModule, example_inputs: list) -> d
             for node in split_gm.graph.nodes if node.op == "call_module"}
 
 
+def _call_custom_ops_directly(module: fx.GraphModule) -> None:
+    """In an eager piece, call Python custom ops' bodies instead of dispatching to them (no tracing happens
+    there, and the dispatcher's bookkeeping is pure host overhead between CUDA graphs)."""
+    changed = False
+    for node in module.graph.nodes:
+        if node.op == "call_function":
+            kernel = _compat.direct_kernel(node.target)
+            if kernel is not None:
+                node.target = kernel
+                changed = True
+    if changed:
+        module.recompile()
+
+
 def _copy_graph_outputs(forward: Callable, runtime: GraphRuntime) -> Callable:
     """Drop-in callers may keep outputs across calls: never hand them memory the next replay overwrites."""
     def call(*args):
@@ -146,6 +160,7 @@ class VgcBackend:
             counters.pieces += 1
             if piece.is_splitting:
                 counters.splitting_pieces += 1
+                _call_custom_ops_directly(piece.module)
                 # Bound forward skips nn.Module.__call__: attention pieces run eagerly with no hook overhead.
                 split_gm.__dict__[piece.name] = piece.module.forward
                 continue
