@@ -107,19 +107,34 @@ _VIEW_FUNCTIONS = {operator.getitem, torch.select, torch.narrow}
 _VIEW_METHODS = {"select", "narrow", "view", "__getitem__"}
 
 
+def _is_basic_index(value) -> bool:
+    """Indices that make a view (ints, slices, None, ...), not a copy (tensor indexing)."""
+    if isinstance(value, (tuple, list)):
+        return all(_is_basic_index(v) for v in value)
+    if isinstance(value, slice):
+        return all(_is_basic_index(v) for v in (value.start, value.stop, value.step))
+    return value is None or value is Ellipsis or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _is_view_of(node: fx.Node, base) -> bool:
+    is_view = (node.op == "call_function" and node.target in _VIEW_FUNCTIONS) or \
+        (node.op == "call_method" and node.target in _VIEW_METHODS)
+    return is_view and node.args[0] is base and _is_basic_index((node.args[1:], tuple(node.kwargs.values())))
+
+
 def _move_input_views_to_their_splitting_piece(gm: fx.GraphModule, partition: dict, splitting_ids: set) -> None:
     """Views of graph inputs used only by one splitting piece (`kv_cache[0]` feeding attention) move into it.
 
     Otherwise a compiled piece would return a view of the KV cache: CUDA graphs of that piece would then pin
-    the cache's address, and the view would cross a piece boundary for nothing.
+    the cache's address, and the view would cross a piece boundary for nothing. Only true views move (they
+    read their base when used, so creating them later changes nothing), and they move in the graph too, right
+    before their first user, so that pieces still run in order.
     """
     input_views = []
     for node in gm.graph.nodes:
-        is_view = (node.op == "call_function" and node.target in _VIEW_FUNCTIONS) or \
-            (node.op == "call_method" and node.target in _VIEW_METHODS)
         base = node.args[0] if node.args else None
-        if is_view and isinstance(base, fx.Node) and (base.op == "placeholder" or base in input_views) and \
-                all(a is base or a.op == "placeholder" for a in node.all_input_nodes):
+        if isinstance(base, fx.Node) and (base.op == "placeholder" or base in input_views) and \
+                _is_view_of(node, base):
             input_views.append(node)
     for node in reversed(input_views):  # users first, so chains of views move together
         targets = {partition.get(user) for user in node.users}
@@ -127,6 +142,13 @@ def _move_input_views_to_their_splitting_piece(gm: fx.GraphModule, partition: di
             target = targets.pop()
             if target in splitting_ids:
                 partition[node] = target
+                first_user = min(node.users, key=_position(gm))
+                first_user.prepend(node)
+
+
+def _position(gm: fx.GraphModule):
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return order.__getitem__
 
 
 def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphModule, list[Piece]]:
@@ -142,7 +164,7 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
             continue
         producer = node.args[0] if node.args else None
         if node.op == "call_function" and node.target is operator.getitem and isinstance(producer, fx.Node) \
-                and producer in partition:
+                and producer in partition and isinstance(producer.meta.get("example_value"), (tuple, list)):
             # A whole tuple never crosses a boundary: its items stay with the node that made it.
             partition[node] = partition[producer]
             continue
