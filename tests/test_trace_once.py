@@ -178,3 +178,21 @@ def test_dynamic_arg_dims_validation(tiny):
     compiled = vgc.compile(model, dynamic_arg_dims={"input_ids": 5})
     with pytest.raises(ValueError, match="dim 5 is out of range"):
         compiled(**llama.make_batch(cfg, 4, "prefill"))
+
+
+def test_containers_and_kwargs_are_checked_by_value(no_cache):
+    class Flexible(nn.Module):
+        def forward(self, x, shape: list, items, **kwargs):
+            y = x.reshape(shape).sum(-1) * items[1] + items[0].sum()
+            return y if "mask" not in kwargs else y * kwargs["mask"]
+
+    compiled = vgc.compile(Flexible(), dynamic_arg_dims={})
+    x = torch.arange(24.0)
+    items = [torch.ones(2), 2.0]
+    torch.testing.assert_close(compiled(x, [4, 6], items), Flexible()(x, [4, 6], items))
+    with pytest.raises(vgc.InputMismatchError, match=r"'shape'\[0\] is 6 but was 4"):
+        compiled(x, [6, 4], items)
+    with pytest.raises(vgc.InputMismatchError, match=r"'items'\[1\] is 5.0 but was 2.0"):
+        compiled(x, [4, 6], [torch.ones(2), 5.0])
+    with pytest.raises(vgc.InputMismatchError, match=r"'kwargs': keys \['mask'\]"):
+        compiled(x, [4, 6], items, mask=torch.zeros(4))

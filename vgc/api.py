@@ -15,7 +15,7 @@ from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.counters import counters
-from vgc.guards import InputMismatchError, TensorSpec, build_size_guards
+from vgc.guards import TensorSpec, build_size_guards, spec_of
 
 logger = logging.getLogger("vgc")
 
@@ -113,17 +113,12 @@ class CompiledModel:
         mode = self.config.dynamic_shapes_config.type
         specs: dict[str, Any] = {}
         for name, value in arguments.items():
-            tensors = _tensors_of(value)
-            if not tensors:
-                specs[name] = ("value", value) if value is None or isinstance(value, (bool, int, float, str)) \
-                    else ("other", type(value))
-                continue
-            specs[name] = ("tensors", type(value), len(value) if isinstance(value, (list, tuple)) else None, {})
-            for suffix, tensor in tensors:
+            for suffix, tensor in _tensors_of(value):
                 dims = self._dims_for(name, tensor) if suffix == "" else {}
                 self._dynamic[name + suffix] = dims
                 self._mark(name + suffix, tensor, dims, mode)
-                specs[name][3][suffix] = TensorSpec.of(tensor, dims)
+            specs[name] = spec_of(value, f"argument {name!r}",
+                                  lambda t, name=name: TensorSpec.of(t, self._dynamic[name]))
         if not any(self._dynamic.values()):
             logger.warning("vgc: no dynamic dims were marked; the model is compiled for these exact shapes")
         start = time.perf_counter()
@@ -158,23 +153,7 @@ class CompiledModel:
 
     def _check(self, arguments: dict[str, Any]) -> None:
         for name, spec in self._specs.items():
-            value = arguments[name]
-            kind = spec[0]
-            if kind == "value":
-                if value != spec[1] or type(value) is not type(spec[1]):
-                    raise InputMismatchError(
-                        f"argument {name!r} is {value!r} but was {spec[1]!r} when traced; the traced value is "
-                        "baked into the compiled graph (compile another model for the other value)")
-            elif kind == "tensors":
-                _, container, length, tensor_specs = spec
-                if container is not torch.Tensor and (not isinstance(value, (list, tuple)) or len(value) != length):
-                    raise InputMismatchError(f"argument {name!r} must be a {container.__name__} of {length} "
-                                             f"items as traced, got {type(value).__name__}")
-                for suffix, tspec in tensor_specs.items():
-                    item = value if suffix == "" else value[int(suffix[1:-1])]
-                    tspec.check(f"argument {name + suffix!r}", item)
-            elif value is None:
-                raise InputMismatchError(f"argument {name!r} was not None when traced and is None now")
+            spec.check(f"argument {name!r}", arguments[name])
         for guard in self._size_guards:
             guard.check(arguments)
 

@@ -59,6 +59,64 @@ class TensorSpec:
                     f"static; add it to dynamic_arg_dims to make it dynamic")
 
 
+_SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """A Python value Dynamo baked into the graph: later calls must pass an equal value of the same type."""
+    value: Any
+
+    def check(self, where: str, value: Any) -> None:
+        if type(value) is not type(self.value) or value != self.value:
+            raise InputMismatchError(f"{where} is {value!r} but was {self.value!r} when traced; the traced value "
+                                     "is baked into the compiled graph (compile another model for the other value)")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """A list, tuple or dict (a `**kwargs` too): same type, same length or keys, and each item checked."""
+    kind: type
+    keys: tuple
+    items: tuple
+
+    def check(self, where: str, value: Any) -> None:
+        if type(value) is not self.kind:
+            raise InputMismatchError(f"{where} must be a {self.kind.__name__} as traced, got {type(value).__name__}")
+        keys = tuple(value) if isinstance(value, dict) else tuple(range(len(value)))
+        if keys != self.keys:
+            what = "keys" if isinstance(value, dict) else "length"
+            raise InputMismatchError(f"{where}: {what} {list(keys) if what == 'keys' else len(keys)} differs from "
+                                     f"the traced {list(self.keys) if what == 'keys' else len(self.keys)}; the "
+                                     "structure of an argument is baked into the compiled graph")
+        for key, spec in zip(self.keys, self.items):
+            spec.check(f"{where}[{key!r}]", value[key])
+
+
+@dataclass(frozen=True)
+class OpaqueSpec:
+    """An object vgc cannot compare per call (its attributes read while tracing are baked in)."""
+    kind: type
+
+    def check(self, where: str, value: Any) -> None:
+        if not isinstance(value, self.kind):
+            raise InputMismatchError(f"{where} must be a {self.kind.__name__} as traced, got {type(value).__name__}")
+
+
+def spec_of(value: Any, where: str, top_level_tensor_spec: Callable[[torch.Tensor], TensorSpec] | None = None):
+    """How to check `value` on later calls. Tensors nested in containers keep all their dims static."""
+    if isinstance(value, torch.Tensor):
+        return top_level_tensor_spec(value) if top_level_tensor_spec else TensorSpec.of(value, ())
+    if isinstance(value, _SCALARS):
+        return ValueSpec(value)
+    if isinstance(value, (list, tuple, dict)):
+        keys = tuple(value) if isinstance(value, dict) else tuple(range(len(value)))
+        return ContainerSpec(type(value), keys, tuple(spec_of(value[k], f"{where}[{k!r}]") for k in keys))
+    logger.warning("vgc: %s (a %s) is not checked per call; whatever the trace read from it is baked into the "
+                   "compiled graph", where, type(value).__name__)
+    return OpaqueSpec(type(value))
+
+
 @dataclass
 class SizeGuard:
     """One relation between dynamic sizes that the traced graph relies on."""
