@@ -35,10 +35,13 @@ def test_pad_values_numbers_and_edge():
     assert table.tolist() == [[7, 7], [7, 7], [0, 0], [0, 0]]
 
 
-def test_slice_outputs_cuts_padded_dim0_only():
+def test_slice_outputs_cuts_the_learned_dims():
     out = (torch.zeros(8, 3), torch.zeros(3, 8), [torch.zeros(8)], 5)
-    sliced = slice_outputs(out, 8, 5)
+    sliced = slice_outputs(out, 5)   # before the dims are learned: dim 0 when it is longer
     assert sliced[0].shape == (5, 3) and sliced[1].shape == (3, 8) and sliced[2][0].shape == (5,) and sliced[3] == 5
+    batch_first = (torch.zeros(1, 8, 16), torch.zeros(8, 4))   # seq dim padded; a static [8, 4] output
+    sliced = slice_outputs(batch_first, 5, iter([(1,), ()]))
+    assert sliced[0].shape == (1, 5, 16) and sliced[1].shape == (8, 4)
 
 
 def test_static_inputs_reserve_room_for_offsets():
@@ -97,3 +100,53 @@ def test_full_and_piecewise_needs_a_uniform_decode_predicate():
 def test_cudagraph_settings_share_one_cache_entry():
     base = vgc.CompilationConfig().compute_hash()
     assert vgc.CompilationConfig(cudagraph_mode="full", cudagraph_capture_sizes=[1, 2]).compute_hash() == base
+
+
+def test_mutated_inputs_are_found_through_views():
+    from vgc.cudagraph.piece import mutated_inputs
+
+    def f(cache, x, y):
+        cache[0].add_(x)              # through a view
+        torch.ops.aten.index_copy_(y, 0, torch.tensor([0]), x[:1])   # through the op's schema
+        return (x * 2).relu_()        # a temporary: not an input
+
+    gm = torch.fx.symbolic_trace(f)
+    assert mutated_inputs(gm) == {0, 2}
+
+
+def _dispatcher(pad_values, calls):
+    from vgc.cudagraph.dispatch import GraphDispatcher
+    from vgc.cudagraph.runtime import GraphRuntime
+
+    def call(arguments):
+        calls.append({k: v.clone() for k, v in arguments.items()})
+        return arguments["x"][:, None] * 2
+
+    dispatcher = GraphDispatcher(call, vgc.CUDAGraphMode.PIECEWISE, [4, 8], {"x": 0, "offsets": 0}, pad_values,
+                                 None, GraphRuntime([4, 8]), size_arg="x")
+    dispatcher.static.reserve("x", torch.zeros(8), 0, 8)
+    dispatcher.static.reserve("offsets", torch.zeros(9, dtype=torch.long), 0, 8)
+    dispatcher.trace_outputs = ([torch.Size([16, 1])], 16)
+    dispatcher.learn_output_dims(torch.zeros(8, 1), 8)
+    return dispatcher
+
+
+def test_dispatcher_pads_to_the_next_capture_size_and_slices_back(fresh_counters):
+    calls = []
+    dispatcher = _dispatcher({"offsets": "edge"}, calls)
+    assert dispatcher.output_dims == [(0,)]
+    out = dispatcher.run({"x": torch.arange(5.0), "offsets": torch.arange(6)})
+    assert out.shape == (5, 1) and out[:, 0].tolist() == [0, 2, 4, 6, 8]
+    assert calls[-1]["x"].tolist() == [0, 1, 2, 3, 4, 0, 0, 0]              # padded with 0
+    assert calls[-1]["offsets"].tolist() == [0, 1, 2, 3, 4, 5, 5, 5, 5]     # padded by repeating the last entry
+    out = dispatcher.run({"x": torch.arange(9.0), "offsets": torch.arange(10)})   # above every capture size
+    assert out.shape == (9, 1) and calls[-1]["x"].shape == (9,) and fresh_counters.eager_runs == 1
+
+
+def test_dispatcher_without_pad_values_only_serves_exact_sizes(fresh_counters):
+    calls = []
+    dispatcher = _dispatcher(None, calls)
+    dispatcher.run({"x": torch.arange(5.0), "offsets": torch.arange(6)})
+    assert calls[-1]["x"].shape == (5,) and fresh_counters.eager_runs == 1   # not padded: un-graphed
+    out = dispatcher.run({"x": torch.arange(8.0), "offsets": torch.arange(9)})
+    assert out.shape == (8, 1) and fresh_counters.eager_runs == 1            # exact capture size: graphed path

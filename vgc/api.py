@@ -13,6 +13,7 @@ from vgc import _compat
 from vgc.backend import CompileAfterWarmupError, VgcBackend
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
 from vgc.cudagraph.dispatch import GraphDispatcher
+from vgc.cudagraph.padding import output_tensors
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.counters import counters
 from vgc.guards import TensorSpec, build_size_guards, spec_of
@@ -94,8 +95,9 @@ class CompiledModel:
             return self._compiled(*args, **kwargs)
 
     def _call_arguments(self, arguments: dict[str, Any]):
+        bound = inspect.BoundArguments(self._signature, arguments)   # positional-only and *args stay positional
         with torch.no_grad():
-            return self._compiled(**arguments)
+            return self._compiled(*bound.args, **bound.kwargs)
 
     def _bind(self, args, kwargs) -> dict[str, Any]:
         bound = self._signature.bind(*args, **kwargs)
@@ -131,7 +133,7 @@ class CompiledModel:
         total = time.perf_counter() - start
         self._specs = specs
         self._size_guards = build_size_guards([g for graph in self.backend.graphs for g in graph.shape_guards])
-        self._setup_graphs()
+        self._setup_graphs(arguments, out)
         backend_s = sum(sum(g.seconds.values()) for g in self.backend.graphs)
         self._seconds.update(first_call=total, backend=backend_s, dynamo_trace_and_run=total - backend_s)
         logger.info("vgc: traced once, compiled %d and loaded %d artifacts in %.2f s",
@@ -192,7 +194,7 @@ class CompiledModel:
         self._check(arguments)
         return arguments
 
-    def _setup_graphs(self) -> None:
+    def _setup_graphs(self, arguments: dict[str, Any], traced_output) -> None:
         """After the trace: the CUDA-graph dispatcher, when the model runs on CUDA and a graph mode is on."""
         device_type = self.backend.graphs[0].device_type if self.backend.graphs else "cpu"
         mode = self.config.resolved_cudagraph_mode(device_type)
@@ -211,6 +213,8 @@ class CompiledModel:
         runtime.capture_allowed = False   # vgc.compile captures in warmup() only, with its own padded buffers
         self.graphs = GraphDispatcher(self._call_arguments, mode, self.config.resolved_capture_sizes(), padded,
                                       self.pad_values, self.uniform_decode, runtime, size_arg=next(iter(padded)))
+        self.graphs.trace_outputs = ([t.shape for t in output_tensors(traced_output)],
+                                     self.graphs.batch_size(arguments))
 
     def stats(self) -> dict[str, Any]:
         report = self.backend.stats()

@@ -16,7 +16,7 @@ from vgc.cache.entry import open_store
 from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, returns_tuple, unwrap_single
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
-from vgc.cudagraph.piece import CUDAGraphPiece
+from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.guards import snapshot_shape_guards
 from vgc.piecewise import CompiledPiece
@@ -98,6 +98,17 @@ def _call_custom_ops_directly(module: fx.GraphModule) -> None:
         module.recompile()
 
 
+def _report_compiler_guards(before: list, example_inputs: list) -> None:
+    """Inductor may assume more about the sizes than Dynamo did (e.g. `s0 <= 4096` to skip a precise-sum helper).
+    Those guards are dropped like Dynamo's; say which, since sizes beyond them run code compiled under them."""
+    known = {str(expr) for expr, _, _ in before}
+    added = [(expr, sources) for expr, _, sources in snapshot_shape_guards(_compat.detect_fake_mode(example_inputs))
+             if str(expr) not in known]
+    for expr, sources in added:
+        logger.warning("vgc: Inductor compiled the symbolic-size code assuming %s (%s); larger sizes run it anyway",
+                       expr, ", ".join(f"{s}={name}" for s, name in sources.items()))
+
+
 def _copy_graph_outputs(forward: Callable, runtime: GraphRuntime) -> Callable:
     """Drop-in callers may keep outputs across calls: never hand them memory the next replay overwrites."""
     def call(*args):
@@ -170,8 +181,10 @@ class VgcBackend:
             record.compiled[piece.name] = compiled
             record.unique_keys.add(compiled.key)
             split_gm.__dict__[piece.name] = compiled if graph_runtime is None else \
-                CUDAGraphPiece(compiled, module_state[piece.name], graph_runtime)
+                CUDAGraphPiece(compiled, module_state[piece.name], mutated_inputs(piece.module), graph_runtime)
         seconds["compile"] = time.perf_counter() - start
+        if self.record_shape_guards:
+            _report_compiler_guards(shape_guards, example_inputs)
         record.artifacts_loaded = counters.artifacts_loaded - loaded_before
         record.artifacts_compiled = counters.inductor_compiles - compiled_before
         record.seconds = seconds

@@ -155,8 +155,9 @@ def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.
             sources[symbol] = name() if callable(name) else name
     out = []
     for guard in shape_env.guards:
-        # "if x.shape[0] > 4:  # model.py:7 in forward (_dynamo/variables/tensor.py:2606 in evaluate_expr)"
-        origin = re.sub(r"\s*\([^()]*_dynamo/[^()]*\)$", "", str(getattr(guard, "sloc", "") or "").strip())
+        # "if x.shape[0] > 4:  # model.py:7 in forward (_dynamo/variables/tensor.py:2606 in evaluate_expr)": keep the
+        # user's line, drop torch's own frame.
+        origin = re.sub(r"\s*\([^()]*\.py:\d+ in [^()]*\)$", "", str(getattr(guard, "sloc", "") or "").strip())
         out.append((guard.expr, origin, {s: sources.get(s, "?") for s in guard.expr.free_symbols}))
     return out
 
@@ -181,8 +182,8 @@ def build_size_guards(snapshot) -> list[SizeGuard]:
         text = _render(expr, names)
         guards.append(SizeGuard(text, origin, locations, _evaluator(expr, symbols)))
         if not _is_equality(expr):
-            logger.warning("vgc: the model branches on a dynamic size: the traced graph assumes %s (from %s). "
-                           "Calls that break it raise InputMismatchError.", text, origin or "unknown code")
+            logger.warning("vgc: the traced graph holds only when %s (from %s), e.g. a branch on a dynamic "
+                           "size; calls that break it raise InputMismatchError", text, origin or "unknown code")
     return guards
 
 

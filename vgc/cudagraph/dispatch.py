@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
-from vgc.cudagraph.padding import StaticInputs, padded_size, slice_outputs
+from vgc.cudagraph.padding import StaticInputs, output_tensors, padded_size, slice_outputs
 from vgc.cudagraph.runtime import GraphRuntime, bypass_piece_graphs, frozen_gc
 from vgc.guards import InputMismatchError
 
@@ -27,6 +27,7 @@ class _FullGraph:
     graph: torch.cuda.CUDAGraph
     output: Any
     pinned: dict[str, int]    # tensors passed through unpadded (KV caches): their address is baked in
+    shapes: dict[str, torch.Size]   # padded dynamic inputs as captured: their extents are baked in too
 
 
 @dataclass
@@ -35,16 +36,6 @@ class GraphStats:
     full_sizes: list[int] = field(default_factory=list)
     capture_seconds: float = 0.0
     pool_bytes_after_each: list[int] = field(default_factory=list)
-
-
-def _tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
 
 
 class GraphDispatcher:
@@ -63,6 +54,8 @@ class GraphDispatcher:
         self.full: dict[int, _FullGraph] = {}
         self.stats = GraphStats()
         self._debug_calls: dict[int, int] = {}
+        self.trace_outputs: tuple[list, int] | None = None   # (output shapes, batch size) of the traced call
+        self.output_dims: list[tuple[int, ...]] | None = None
         self.use_full = mode in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
         self.use_piecewise = mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
 
@@ -77,25 +70,49 @@ class GraphDispatcher:
             padded = None
         if padded is None or not all(self.static.fits(name, arguments[name], dim, padded, size)
                                      for name, dim in self.dynamic.items()):
-            counters.eager_runs += 1
-            return self.call(arguments)
-        uniform = self.use_full and (self.uniform_decode is None or self.uniform_decode(arguments))
-        full = self.full.get(padded) if uniform else None
-        if full is None and not self.use_piecewise:
-            counters.eager_runs += 1
-            return self.call(arguments)
+            return self._ungraphed(arguments)
         padded_arguments = self._pad(arguments, padded, size)
+        full = None
+        if self.use_full and (self.uniform_decode is None or self.uniform_decode(arguments)):
+            full = self.full.get(padded)
+            if full is not None and any(padded_arguments[name].shape != shape for name, shape in full.shapes.items()):
+                full = None   # another dynamic input relates to the batch size differently than at capture
         if full is not None:
             self._check_pinned(full, padded_arguments)
             full.graph.replay()
             counters.cudagraph_replays += 1
             out = full.output
-        else:
+        elif self.use_piecewise:
             out = self.call(padded_arguments)
-        out = slice_outputs(out, padded, size)
+        else:
+            return self._ungraphed(arguments)
+        out = self._slice(out, size)
         if self.runtime.debug and self._sample(padded):
             self._compare_with_ungraphed(out, arguments, padded)
         return out
+
+    def _ungraphed(self, arguments: dict):
+        counters.eager_runs += 1
+        with bypass_piece_graphs():   # piece graphs would read the padded buffers, not these inputs
+            return self.call(arguments)
+
+    def _slice(self, out, size: int):
+        if self.output_dims is None:
+            return slice_outputs(out, size)
+        return slice_outputs(out, size, iter(self.output_dims))
+
+    def learn_output_dims(self, out, size: int) -> None:
+        """Which dims of each output follow the batch size: those equal to it now and at trace time."""
+        if self.output_dims is not None or self.trace_outputs is None:
+            return
+        trace_shapes, trace_size = self.trace_outputs
+        shapes = [t.shape for t in output_tensors(out)]
+        if len(shapes) != len(trace_shapes):
+            return
+        self.output_dims = [
+            tuple(d for d in range(len(now)) if now[d] == size and (trace_size == size or (
+                d < len(then) and then[d] == trace_size)))
+            for now, then in zip(shapes, trace_shapes)]
 
     def _sample(self, padded: int) -> bool:
         """Debug sampling: the first call at each padded size, then one call in 100."""
@@ -106,9 +123,9 @@ class GraphDispatcher:
     def _compare_with_ungraphed(self, out, arguments: dict, padded: int) -> None:
         """Debug: run the same call without graphs and compare. The re-run repeats the call's KV writes, which
         write the same values to the same slots."""
-        replayed = [t.clone() for t in _tensors(out)]
+        replayed = [t.clone() for t in output_tensors(out)]
         with bypass_piece_graphs():
-            reference = _tensors(self.call(arguments))
+            reference = output_tensors(self.call(arguments))
         for got, want in zip(replayed, reference):
             tolerance = 5e-2 if got.dtype in (torch.bfloat16, torch.float16) else 1e-3
             if got.shape != want.shape or not torch.allclose(got, want, atol=tolerance, rtol=tolerance):
@@ -161,7 +178,7 @@ class GraphDispatcher:
                 if self.use_piecewise:
                     arguments = self._pad(make_inputs(size), size, size)
                     self.call(arguments)       # warm-up at this size: lazy kernel loading happens here
-                    self.call(arguments)       # pieces capture, then replay
+                    self.learn_output_dims(self.call(arguments), size)   # pieces capture, then replay
                     self.stats.piecewise_sizes.append(size)
                 if self.use_full:
                     arguments = make_full_inputs(size)
@@ -181,7 +198,9 @@ class GraphDispatcher:
             with torch.cuda.graph(graph, pool=self.runtime.pool()):
                 output = self.call(arguments)
         graph.replay()
-        self.full[size] = _FullGraph(graph, output, self._pinned(arguments))
+        shapes = {name: arguments[name].shape for name in self.dynamic}
+        self.full[size] = _FullGraph(graph, output, self._pinned(arguments), shapes)
+        self.learn_output_dims(output, size)
         self.stats.full_sizes.append(size)
         counters.cudagraph_captures += 1
 

@@ -44,14 +44,32 @@ def pad_into(buffer: torch.Tensor, value: torch.Tensor, dim: int, pad: int, pad_
     return view
 
 
-def slice_outputs(outputs: Any, padded: int, size: int) -> Any:
-    """Undo the padding on outputs: dim 0 of each tensor with the padded size is cut back to `size`."""
+def output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of a (nested) output, in the order `slice_outputs` visits them."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in output_tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in output_tensors(o)]
+    return []
+
+
+def slice_outputs(outputs: Any, size: int, dims=None) -> Any:
+    """Undo the padding on outputs, cutting each tensor's padded dims back to `size`.
+
+    `dims` yields, per output tensor in order, the dims that follow the batch size; without it, dim 0 is cut
+    when it is longer than `size` (the usual layout, until the real dims have been learned).
+    """
     if isinstance(outputs, torch.Tensor):
-        return outputs[:size] if outputs.dim() and outputs.shape[0] == padded else outputs
+        padded_dims = next(dims) if dims is not None else ((0,) if outputs.dim() and outputs.shape[0] > size else ())
+        for d in padded_dims:
+            outputs = outputs.narrow(d, 0, size)
+        return outputs
     if isinstance(outputs, (list, tuple)):
-        return type(outputs)(slice_outputs(o, padded, size) for o in outputs)
+        return type(outputs)(slice_outputs(o, size, dims) for o in outputs)
     if isinstance(outputs, dict):
-        return {k: slice_outputs(v, padded, size) for k, v in outputs.items()}
+        return {k: slice_outputs(v, size, dims) for k, v in outputs.items()}
     return outputs
 
 

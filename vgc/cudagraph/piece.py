@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+import torch.fx as fx
 
 from vgc.counters import counters
 from vgc.cudagraph.runtime import GraphRuntime, piece_graphs_bypassed
@@ -13,25 +14,62 @@ from vgc.piecewise import CompiledPiece
 
 logger = logging.getLogger("vgc")
 
+# Ops that return a view of their first argument: an in-place op on such a view writes the base.
+_VIEW_OPS = {"view", "view_as", "reshape", "select", "narrow", "transpose", "permute", "unsqueeze", "squeeze",
+             "expand", "as_strided", "flatten", "unflatten", "t", "__getitem__", "getitem", "diagonal", "unfold"}
+
 
 @dataclass
 class _Entry:
     graph: torch.cuda.CUDAGraph
-    inputs: list            # the tensors the graph reads (vgc-owned copies where the caller's were not stable)
-    copy_in: list[int]      # argument positions copied into `inputs` before each replay
-    outputs: object         # the graph's output tensors, rewritten by every replay
+    inputs: list                      # what the graph reads: vgc-owned copies where the caller's may move
+    copy_in: list[int]                # argument positions copied into `inputs` before each replay
+    pinned: list[tuple[int, int]]     # (argument position, address) the graph reads in place
+    outputs: object                   # the graph's output tensors, rewritten by every replay
+
+
+def mutated_inputs(gm: fx.GraphModule) -> set[int]:
+    """Positions of the piece's inputs that it writes in place (directly or through a view)."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+
+    def base_input(node):
+        while isinstance(node, fx.Node) and node not in placeholders and node.args and \
+                _name(node) in _VIEW_OPS:
+            node = node.args[0]
+        return placeholders.get(node) if isinstance(node, fx.Node) else None
+
+    mutated = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        written = []
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None:
+            written = [a for a, arg in zip(node.args, schema.arguments)
+                       if arg.alias_info is not None and arg.alias_info.is_write]
+        elif _name(node).endswith("_") and not _name(node).startswith("__") and node.args:
+            written = [node.args[0]]
+        mutated.update(i for i in map(base_input, written) if i is not None)
+    return mutated
+
+
+def _name(node: fx.Node) -> str:
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
 
 
 class CUDAGraphPiece:
     """Replays a captured graph for sizes in the capture list; runs the compiled piece for other sizes."""
 
-    def __init__(self, piece: CompiledPiece, module_state: list[bool], runtime: GraphRuntime):
+    def __init__(self, piece: CompiledPiece, module_state: list[bool], mutated: set[int], runtime: GraphRuntime):
         self.piece = piece
         self.name = piece.name
         self.module_state = module_state   # per argument: a weight or buffer of the model (address never moves)
+        self.mutated = mutated             # arguments the piece writes: a copy would lose the write
         self.runtime = runtime
         self.entries: dict[int | None, _Entry] = {}
         self.seen_sizes: set[int | None] = set()
+        self._warned_moved = False
         runtime.pieces.append(self)
 
     def __call__(self, *args):
@@ -40,14 +78,7 @@ class CUDAGraphPiece:
         size = self.piece.runtime_size(args)
         entry = self.entries.get(size)
         if entry is not None:
-            for i in entry.copy_in:
-                if args[i].data_ptr() != entry.inputs[i].data_ptr():
-                    entry.inputs[i].copy_(args[i])
-            if self.runtime.debug:
-                self._check_addresses(entry, args)
-            entry.graph.replay()
-            counters.cudagraph_replays += 1
-            return entry.outputs
+            return self._replay(entry, args)
         # size None: either fully static inputs (one graph serves every call) or several independent dynamic
         # sizes, which no single capture size describes: those pieces always run un-graphed.
         capturable = size in self.runtime.capture_sizes if size is not None else not self.piece.has_symbols
@@ -56,27 +87,40 @@ class CUDAGraphPiece:
         self.seen_sizes.add(size)   # the first run at a size is the warm-up (lazy kernel loading, autotuning)
         return self.piece(*args)
 
+    def _replay(self, entry: _Entry, args):
+        for i, address in entry.pinned:
+            if args[i].data_ptr() != address:
+                # The graph would read (or write) the old buffer: run this call without it.
+                if not self._warned_moved:
+                    self._warned_moved = True
+                    logger.warning("vgc: input %d of %s is not at the address its CUDA graph was captured "
+                                   "with; such calls run without the graph", i, self.name)
+                counters.eager_runs += 1
+                return self.piece(*args)
+        for i in entry.copy_in:
+            entry.inputs[i].copy_(args[i])
+        entry.graph.replay()
+        counters.cudagraph_replays += 1
+        return entry.outputs
+
     def _capture(self, size: int | None, args) -> object:
-        inputs, copy_in = [], []
+        inputs, copy_in, pinned = [], [], []
         for i, arg in enumerate(args):
-            if isinstance(arg, torch.Tensor) and not (self.module_state[i] or self.runtime.is_stable(arg)):
+            if not isinstance(arg, torch.Tensor) or self.module_state[i]:
+                inputs.append(arg)
+            elif self.runtime.is_stable(arg) or i in self.mutated:
+                inputs.append(arg)
+                pinned.append((i, arg.data_ptr()))
+            else:
                 inputs.append(arg.clone())
                 copy_in.append(i)
-            else:
-                inputs.append(arg)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.runtime.pool()):
             outputs = self.piece(*inputs)
         graph.replay()   # capturing only records: this call's results come from the first replay
-        self.entries[size] = _Entry(graph, inputs, copy_in, outputs)
+        self.entries[size] = _Entry(graph, inputs, copy_in, pinned, outputs)
         self.runtime.mark_stable(outputs if isinstance(outputs, (list, tuple)) else [outputs])
         counters.cudagraph_captures += 1
-        logger.debug("vgc: captured %s at size %d (%d inputs copied in per replay)", self.name, size, len(copy_in))
+        logger.debug("vgc: captured %s at size %s (%d inputs copied in, %d read in place)", self.name, size,
+                     len(copy_in), len(pinned))
         return outputs
-
-    def _check_addresses(self, entry: _Entry, args) -> None:
-        for i, (arg, captured) in enumerate(zip(args, entry.inputs)):
-            if isinstance(arg, torch.Tensor) and i not in entry.copy_in and arg.data_ptr() != captured.data_ptr():
-                raise RuntimeError(f"vgc debug: input {i} of {self.name} moved from {captured.data_ptr():#x} to "
-                                   f"{arg.data_ptr():#x} since capture; the graph would read a stale buffer")
-

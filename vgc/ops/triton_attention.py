@@ -20,8 +20,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _write_kv_kernel(key, value, key_cache, value_cache, slot_mapping,
-                         k_stride_t, k_stride_h, v_stride_t, v_stride_h, cache_stride_slot, cache_stride_h,
-                         NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+                         cache_stride_block, cache_stride_slot, cache_stride_h,
+                         NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
         token = tl.program_id(0)
         slot = tl.load(slot_mapping + token).to(tl.int64)
@@ -31,14 +32,15 @@ if HAS_TRITON:
             mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
             k = tl.load(key + token * k_stride_t + h * k_stride_h + d, mask=mask)
             v = tl.load(value + token * v_stride_t + h * v_stride_h + d, mask=mask)
-            dst = slot * cache_stride_slot + h * cache_stride_h + d
+            dst = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot \
+                + h * cache_stride_h + d
             tl.store(key_cache + dst, k.to(key_cache.dtype.element_ty), mask=mask)
             tl.store(value_cache + dst, v.to(value_cache.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _decode_kernel(output, query, key_cache, value_cache, block_table, seq_lens, scale,
                        q_stride_t, q_stride_h, o_stride_t, o_stride_h, bt_stride,
-                       cache_stride_slot, cache_stride_h, num_seqs,
+                       cache_stride_block, cache_stride_slot, cache_stride_h, num_seqs,
                        GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
         # One program per (token, query head); token t is sequence t (uniform single-token decode).
@@ -56,8 +58,8 @@ if HAS_TRITON:
             pos = start + tl.arange(0, BLOCK_N)
             pos_mask = pos < seq_len
             block = tl.load(block_table + token * bt_stride + pos // BLOCK_SIZE, mask=pos_mask, other=0)
-            slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-            offs = slot[:, None] * cache_stride_slot + kv_head * cache_stride_h + d[None, :]
+            row = block.to(tl.int64) * cache_stride_block + (pos % BLOCK_SIZE) * cache_stride_slot
+            offs = row[:, None] + kv_head * cache_stride_h + d[None, :]
             kv_mask = pos_mask[:, None] & d_mask[None, :]
             k = tl.load(key_cache + offs, mask=kv_mask, other=0.0).to(tl.float32)
             v = tl.load(value_cache + offs, mask=kv_mask, other=0.0).to(tl.float32)
@@ -78,10 +80,12 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
     if num_tokens == 0:
         return
     assert key.stride(2) == 1 and value.stride(2) == 1 and key_cache.stride(3) == 1, "head dim must be contiguous"
+    assert key_cache.stride() == value_cache.stride(), "key and value caches must share one layout"
     _write_kv_kernel[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1), key_cache.stride(1), key_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim))
 
 
@@ -92,9 +96,10 @@ def decode_attention(output, query, key_cache, value_cache, block_table, seq_len
         return
     num_kv_heads = key_cache.shape[2]
     assert query.stride(2) == 1 and output.stride(2) == 1 and key_cache.stride(3) == 1
+    assert key_cache.stride() == value_cache.stride(), "key and value caches must share one layout"
     _decode_kernel[(num_tokens, num_heads)](
         output, query, key_cache, value_cache, block_table, seq_lens, scale,
         query.stride(0), query.stride(1), output.stride(0), output.stride(1), block_table.stride(0),
-        key_cache.stride(1), key_cache.stride(2), seq_lens.shape[0],
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), seq_lens.shape[0],
         GROUP=num_heads // num_kv_heads, BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=32)
