@@ -16,6 +16,7 @@ from tqdm import tqdm
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import StaticInputs, output_tensors, padded_size, slice_outputs
+from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import GraphRuntime, bypass_piece_graphs, frozen_gc
 from vgc.guards import InputMismatchError
 
@@ -186,17 +187,15 @@ class GraphDispatcher:
                         raise ValueError("the inputs made for FULL CUDA graph capture are not uniform decode "
                                          "batches by the model's uniform_decode predicate")
                     self._capture_full(size, self._pad(arguments, size, size), device)
-                torch.cuda.synchronize(device)
-                self.stats.pool_bytes_after_each.append(torch.cuda.memory_reserved(device))
+                cuda_runtime.synchronize(device)
+                self.stats.pool_bytes_after_each.append(cuda_runtime.reserved_bytes(device))
         self.stats.capture_seconds = time.perf_counter() - start
         self.runtime.capture_allowed = False
 
     def _capture_full(self, size: int, arguments: dict, device) -> None:
         with bypass_piece_graphs():
             self.call(arguments)               # warm-up with piece graphs bypassed
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.runtime.pool()):
-                output = self.call(arguments)
+            graph, output = cuda_runtime.capture(lambda: self.call(arguments), self.runtime.pool())
         graph.replay()
         shapes = {name: arguments[name].shape for name in self.dynamic}
         self.full[size] = _FullGraph(graph, output, self._pinned(arguments), shapes)

@@ -9,6 +9,7 @@ import torch
 import torch.fx as fx
 
 from vgc.counters import counters
+from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import GraphRuntime, piece_graphs_bypassed
 from vgc.piecewise import CompiledPiece
 
@@ -114,9 +115,7 @@ class CUDAGraphPiece:
             else:
                 inputs.append(arg.clone())
                 copy_in.append(i)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.runtime.pool()):
-            outputs = self.piece(*inputs)
+        graph, outputs = cuda_runtime.capture(lambda: self.piece(*inputs), self.runtime.pool())
         graph.replay()   # capturing only records: this call's results come from the first replay
         self.entries[size] = _Entry(graph, inputs, copy_in, pinned, outputs)
         self.runtime.mark_stable(outputs if isinstance(outputs, (list, tuple)) else [outputs])

@@ -25,6 +25,26 @@ def bypass_piece_graphs():
         _local.bypass = False
 
 
+def capture(fn, pool):
+    """Record `fn()` into a new CUDA graph in `pool`; returns the graph and fn's outputs (its static buffers).
+
+    The one place vgc captures: tests on machines without a GPU replace it with a stand-in whose replay
+    re-runs `fn` into the same output tensors, which keeps the address semantics of a real graph.
+    """
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    return graph, outputs
+
+
+def synchronize(device) -> None:
+    torch.cuda.synchronize(device)
+
+
+def reserved_bytes(device) -> int:
+    return torch.cuda.memory_reserved(device)
+
+
 @contextlib.contextmanager
 def frozen_gc():
     """No garbage collection while capturing: a collection can free memory a graph is being recorded into."""
