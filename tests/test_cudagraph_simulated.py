@@ -150,3 +150,22 @@ def test_full_graph_rejects_a_kv_cache_at_another_address(simulated_cuda):
     compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode", kv_caches=kv))
     with pytest.raises(vgc.InputMismatchError, match="kv_caches"):
         compiled(**llama.make_batch(cfg, 3, "decode"))
+
+
+def test_hf_model_piece_graphs_copy_eager_attention_outputs_in(simulated_cuda):
+    """SDPA allocates its output eagerly, outside any graph: the next piece's graph must copy it in."""
+    transformers = pytest.importorskip("transformers")
+    counters = simulated_cuda
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(config).eval()
+    backend = vgc.VgcBackend(vgc.CompilationConfig(splitting_ops=["aten::scaled_dot_product_attention"],
+                                                   cudagraph_mode="piecewise"))
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for step in range(4):   # one shape: warm-up, capture, then replays with new token ids
+            ids = torch.randint(0, 128, (2, 7))
+            out = compiled(input_ids=ids, use_cache=False).last_hidden_state
+            torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)
+    assert counters.cudagraph_captures == 3 and counters.cudagraph_replays == 2 * 3
