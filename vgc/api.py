@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 
 from vgc import _compat
-from vgc.backend import CompileAfterWarmupError, VgcBackend
+from vgc.backend import VgcBackend
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.cudagraph.padding import output_tensors

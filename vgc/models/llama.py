@@ -19,7 +19,7 @@ from torch import nn
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.vgc.attention)
 
 __all__ = ["LlamaConfig", "Llama", "tiny_config", "llama_1b_config",
-           "make_kv_caches", "make_batch"]
+           "make_kv_caches", "make_batch", "PAD_VALUES", "is_uniform_decode"]
 
 
 @dataclasses.dataclass

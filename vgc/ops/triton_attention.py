@@ -6,8 +6,6 @@ captured in a CUDA graph (cudagraph_mode FULL) and replayed with new lengths and
 
 from __future__ import annotations
 
-import torch
-
 try:
     import triton
     import triton.language as tl
