@@ -89,18 +89,11 @@ def _replace_uses(node: fx.Node, replacement) -> None:
 
 
 def _replace_uses_in(user: fx.Node, node: fx.Node, replacement) -> None:
-    user.args = _substitute(user.args, node, replacement)
-    user.kwargs = _substitute(user.kwargs, node, replacement)
+    def substitute(value):
+        return replacement if value is node else value
 
-
-def _substitute(value, node, replacement):
-    if value is node:
-        return replacement
-    if isinstance(value, (list, tuple)):
-        return type(value)(_substitute(v, node, replacement) for v in value)
-    if isinstance(value, dict):
-        return {k: _substitute(v, node, replacement) for k, v in value.items()}
-    return value
+    user.args = fx.node.map_aggregate(user.args, substitute)
+    user.kwargs = fx.node.map_aggregate(user.kwargs, substitute)
 
 
 _VIEW_FUNCTIONS = {operator.getitem, torch.select, torch.narrow}

@@ -17,6 +17,7 @@ import bisect
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 PadValue = int | float | str
 
@@ -45,14 +46,8 @@ def pad_into(buffer: torch.Tensor, value: torch.Tensor, dim: int, pad: int, pad_
 
 
 def output_tensors(out: Any) -> list[torch.Tensor]:
-    """The tensors of a (nested) output, in the order `slice_outputs` visits them."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in output_tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in output_tensors(o)]
-    return []
+    """The tensors of a (nested) output, in the order `slice_outputs` visits them (pytree leaf order)."""
+    return [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
 
 
 def slice_outputs(outputs: Any, size: int, dims=None) -> Any:
@@ -61,16 +56,15 @@ def slice_outputs(outputs: Any, size: int, dims=None) -> Any:
     `dims` yields, per output tensor in order, the dims that follow the batch size; without it, dim 0 is cut
     when it is longer than `size` (the usual layout, until the real dims have been learned).
     """
-    if isinstance(outputs, torch.Tensor):
-        padded_dims = next(dims) if dims is not None else ((0,) if outputs.dim() and outputs.shape[0] > size else ())
+    def cut(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        padded_dims = next(dims) if dims is not None else ((0,) if leaf.dim() and leaf.shape[0] > size else ())
         for d in padded_dims:
-            outputs = outputs.narrow(d, 0, size)
-        return outputs
-    if isinstance(outputs, (list, tuple)):
-        return type(outputs)(slice_outputs(o, size, dims) for o in outputs)
-    if isinstance(outputs, dict):
-        return {k: slice_outputs(v, size, dims) for k, v in outputs.items()}
-    return outputs
+            leaf = leaf.narrow(d, 0, size)
+        return leaf
+
+    return pytree.tree_map(cut, outputs)
 
 
 class StaticInputs:
