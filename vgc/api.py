@@ -16,7 +16,7 @@ from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.cudagraph.padding import output_tensors
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.counters import counters
-from vgc.guards import TensorSpec, build_size_guards, spec_of
+from vgc.guards import TensorSpec, argument_tensors, build_size_guards, spec_of
 
 logger = logging.getLogger("vgc")
 
@@ -40,15 +40,6 @@ def _normalize_dims(name: str, spec: DimSpec, ndim: int) -> dict[int, str | None
             raise ValueError(f"dynamic_arg_dims[{name!r}]: dim {dim!r} is out of range for a {ndim}-d tensor")
         out[dim % ndim] = shape_id
     return out
-
-
-def _tensors_of(value: Any) -> list[tuple[str, torch.Tensor]]:
-    """Tensors directly in an argument: the tensor itself, or the tensors of a list/tuple."""
-    if isinstance(value, torch.Tensor):
-        return [("", value)]
-    if isinstance(value, (list, tuple)):
-        return [(f"[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
-    return []
 
 
 class CompiledModel:
@@ -115,7 +106,7 @@ class CompiledModel:
         mode = self.config.dynamic_shapes_config.type
         specs: dict[str, Any] = {}
         for name, value in arguments.items():
-            for suffix, tensor in _tensors_of(value):
+            for suffix, tensor in argument_tensors(value):
                 dims = self._dims_for(name, tensor) if suffix == "" else {}
                 self._dynamic[name + suffix] = dims
                 self._mark(name + suffix, tensor, dims, mode)

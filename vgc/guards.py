@@ -59,6 +59,15 @@ class TensorSpec:
                     f"static; add it to dynamic_arg_dims to make it dynamic")
 
 
+def argument_tensors(value: Any) -> list[tuple[str, torch.Tensor]]:
+    """Tensors directly in an argument, with their suffix: the tensor itself (""), or a list's items ("[i]")."""
+    if isinstance(value, torch.Tensor):
+        return [("", value)]
+    if isinstance(value, (list, tuple)):
+        return [(f"[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+    return []
+
+
 _SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
 

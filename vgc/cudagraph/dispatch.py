@@ -18,7 +18,7 @@ from vgc.counters import counters
 from vgc.cudagraph.padding import StaticInputs, output_tensors, padded_size, slice_outputs
 from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import GraphRuntime, bypass_piece_graphs, frozen_gc
-from vgc.guards import InputMismatchError
+from vgc.guards import InputMismatchError, argument_tensors
 
 logger = logging.getLogger("vgc")
 
@@ -33,8 +33,6 @@ class _FullGraph:
 
 @dataclass
 class GraphStats:
-    piecewise_sizes: list[int] = field(default_factory=list)
-    full_sizes: list[int] = field(default_factory=list)
     capture_seconds: float = 0.0
     pool_bytes_after_each: list[int] = field(default_factory=list)
 
@@ -141,16 +139,8 @@ class GraphDispatcher:
         return out
 
     def _pinned(self, arguments: dict) -> dict[str, int]:
-        pinned = {}
-        for name, value in arguments.items():
-            if name in self.dynamic:
-                continue
-            items = [("", value)] if isinstance(value, torch.Tensor) else \
-                [(f"[{i}]", v) for i, v in enumerate(value)] if isinstance(value, (list, tuple)) else []
-            for suffix, t in items:
-                if isinstance(t, torch.Tensor):
-                    pinned[name + suffix] = t.data_ptr()
-        return pinned
+        return {name + suffix: t.data_ptr() for name, value in arguments.items() if name not in self.dynamic
+                for suffix, t in argument_tensors(value)}
 
     def _check_pinned(self, full: _FullGraph, arguments: dict) -> None:
         now = self._pinned(arguments)
@@ -169,7 +159,7 @@ class GraphDispatcher:
             example = maker(largest)
             for name, dim in self.dynamic.items():
                 self.static.reserve(name, example[name], dim, largest)
-        self.runtime.mark_stable([b for b in self.static.buffers.values()])
+        self.runtime.mark_stable(self.static.buffers.values())
         device = next(iter(self.static.buffers.values())).device
         self.runtime.capture_allowed = True
         start = time.perf_counter()
@@ -180,7 +170,6 @@ class GraphDispatcher:
                     arguments = self._pad(make_inputs(size), size, size)
                     self.call(arguments)       # warm-up at this size: lazy kernel loading happens here
                     self.learn_output_dims(self.call(arguments), size)   # pieces capture, then replay
-                    self.stats.piecewise_sizes.append(size)
                 if self.use_full:
                     arguments = make_full_inputs(size)
                     if self.uniform_decode is not None and not self.uniform_decode(arguments):
@@ -200,7 +189,6 @@ class GraphDispatcher:
         shapes = {name: arguments[name].shape for name in self.dynamic}
         self.full[size] = _FullGraph(graph, output, self._pinned(arguments), shapes)
         self.learn_output_dims(output, size)
-        self.stats.full_sizes.append(size)
         counters.cudagraph_captures += 1
 
     def report(self) -> dict:

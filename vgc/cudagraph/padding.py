@@ -92,6 +92,3 @@ class StaticInputs:
 
     def pad(self, name: str, tensor: torch.Tensor, dim: int, pad: int) -> torch.Tensor:
         return pad_into(self.buffers[name], tensor, dim, pad, self.pad_values.get(name, 0))
-
-    def data_ptrs(self) -> list[int]:
-        return [b.data_ptr() for b in self.buffers.values()]
