@@ -1,0 +1,148 @@
+"""Where a batch-1 decode step of llama_1b spends its time under vgc's CUDA graphs (H200).
+
+Prints, for FULL graphs: the GPU kernels of one replay (count, time per kernel class, sum vs wall), for a few
+Inductor option sets; for PIECEWISE: the host time of one step and where it goes (cProfile).
+
+    PYTHONPATH=. python benchmarks/profile_decode.py [--variants default,static1,autotune]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+
+import vgc
+from vgc.models import llama
+
+VARIANTS = {
+    "default": {},
+    "static1": {"compile_sizes": [1]},
+    "autotune": {"compile_sizes": [1], "inductor_compile_config": {"max_autotune": True,
+                                                                    "coordinate_descent_tuning": True}},
+}
+
+
+def step_ms(fn, batch, steps=100):
+    for _ in range(10):
+        fn(**batch)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(**batch)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def kernel_table(fn, batch, steps=20):
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(5):
+        fn(**batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn(**batch)
+        torch.cuda.synchronize()
+    per_kernel = collections.defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name[:90]
+            per_kernel[name][0] += 1
+            per_kernel[name][1] += event.device_time_total if hasattr(event, "device_time_total") \
+                else event.cuda_time_total
+    total_us = sum(t for _, t in per_kernel.values()) / steps
+    count = sum(n for n, _ in per_kernel.values()) / steps
+    print(f"    kernels per step: {count:.0f}, kernel time per step: {total_us:.1f} us")
+    for name, (n, t) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:14]:
+        print(f"    {t / steps:8.1f} us  {n / steps:5.1f}x  {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variants", default="default,static1,autotune")
+    parser.add_argument("--piecewise", action="store_true", default=True)
+    args = parser.parse_args()
+    cfg = llama.llama_1b_config()
+    model = llama.Llama(cfg).cuda().eval()
+    kv = llama.make_kv_caches(cfg, "cuda")
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
+    print(f"weights read per step: {weight_bytes / 1e9:.2f} GB")
+    decode = lambda n: llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv)  # noqa: E731
+    prefill = lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv)  # noqa: E731
+
+    # Raw GEMV roofline: the 4 projections of one layer as plain torch matmuls at M=1, captured in one graph.
+    x = torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+    layer = model.layers[0]
+    with torch.no_grad():
+        def gemvs():
+            for _ in range(16):
+                a = torch.nn.functional.linear(x, layer.qkv_proj.weight)
+                b = torch.nn.functional.linear(x, layer.o_proj.weight)
+                c = torch.nn.functional.linear(x, layer.gate_up_proj.weight)
+                d = torch.nn.functional.linear(c[:, :cfg.intermediate_size], layer.down_proj.weight)
+            return a, b, d
+        gemvs()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            gemvs()
+        for _ in range(5):
+            g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(50):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record(); g.replay(); e.record(); e.synchronize()  # noqa: E702
+            times.append(s.elapsed_time(e))
+        print(f"64 cuBLAS GEMVs (16 layers' projections) in one graph: {statistics.median(times):.3f} ms")
+        print("  kernels of that graph:")
+        kernel_table(lambda **_: g.replay(), {})
+
+    for variant in args.variants.split(","):
+        extra = VARIANTS[variant]
+        torch._dynamo.reset()
+        start = time.perf_counter()
+        config = vgc.CompilationConfig(cudagraph_mode="full", cudagraph_capture_sizes=[1, 8], **extra)
+        compiled = vgc.compile(model, config=config, pad_values=llama.PAD_VALUES,
+                               uniform_decode=llama.is_uniform_decode)
+        compiled.warmup(prefill, make_decode_inputs=decode)
+        batch = decode(1)
+        print(f"\nFULL [{variant}] warm-up {time.perf_counter() - start:.1f} s; "
+              f"decode 1: {step_ms(compiled, batch):.3f} ms")
+        kernel_table(compiled, batch)
+
+    torch._dynamo.reset()
+    config = vgc.CompilationConfig(cudagraph_mode="piecewise", cudagraph_capture_sizes=[1, 8])
+    compiled = vgc.compile(model, config=config, pad_values=llama.PAD_VALUES)
+    compiled.warmup(prefill)
+    batch = decode(1)
+    print(f"\nPIECEWISE decode 1: {step_ms(compiled, batch):.3f} ms")
+    kernel_table(compiled, batch)
+    torch.cuda.synchronize()
+    n = 200
+    start = time.perf_counter()
+    for _ in range(n):
+        compiled(**batch)
+    host = (time.perf_counter() - start) / n
+    torch.cuda.synchronize()
+    print(f"  host time per step (no sync): {host * 1e3:.3f} ms")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        compiled(**batch)
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
