@@ -23,6 +23,9 @@ from vgc.models import llama
 VARIANTS = {
     "default": {},
     "static1": {"compile_sizes": [1]},
+    # With coordinate-descent tuning, Inductor turns a static M=1 matmul into a reduction it can fuse.
+    "static1+cdt": {"compile_sizes": [1], "inductor_compile_config": {"coordinate_descent_tuning": True}},
+    "static1+combo": {"compile_sizes": [1], "inductor_compile_config": {"combo_kernels": True}},
     "autotune": {"compile_sizes": [1], "inductor_compile_config": {"max_autotune": True,
                                                                     "coordinate_descent_tuning": True}},
 }
@@ -68,7 +71,7 @@ def kernel_table(fn, batch, steps=20):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variants", default="default,static1,autotune")
+    parser.add_argument("--variants", default="default,static1,static1+cdt,static1+combo")
     parser.add_argument("--piecewise", action="store_true", default=True)
     args = parser.parse_args()
     cfg = llama.llama_1b_config()
@@ -125,6 +128,10 @@ def main() -> None:
     compiled.warmup(prefill)
     batch = decode(1)
     print(f"\nPIECEWISE decode 1: {step_ms(compiled, batch):.3f} ms")
+    for piece in compiled.graphs.runtime.pieces:
+        entry = piece.entries.get(1)
+        if entry is not None:
+            print(f"  {piece.name}: copied in {entry.copy_in}, read in place {[i for i, _ in entry.pinned]}")
     kernel_table(compiled, batch)
     torch.cuda.synchronize()
     n = 200

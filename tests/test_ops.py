@@ -177,3 +177,57 @@ def test_bad_argument_raises_naming_it(name, change):
     change(case)
     with pytest.raises(ValueError, match=name):
         run_op(case)
+
+
+# ---- the Triton kernels of the CUDA path --------------------------------------------------------------------------
+
+def _triton_device():
+    """Where the Triton kernels can run here: CUDA, or Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    import os
+    from vgc.ops import triton_attention
+    if not triton_attention.HAS_TRITON:
+        return None
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None
+
+
+def _interleaved(cache):
+    """The same cache values in a [num_blocks, 2, block_size, H, D] buffer: K and V become strided views."""
+    both = torch.stack([cache, cache], dim=1).contiguous()
+    return both[:, 0]
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 1), (16, 2)])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_triton_decode_and_kv_write_match_reference(heads, layout):
+    """The fused decode kernel (K/V write + attention, GQA groups of 1 to 8) and the KV-write kernel, against the
+    float64 reference, with padding rows (slot -1, length 0) and repeated calls (the cached-launch path)."""
+    device = _triton_device()
+    if device is None:
+        pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
+    from vgc.ops import triton_attention
+    num_heads, num_kv_heads = heads
+    contexts = (0, 1, 3, 4, 8, 13, 40)
+    case = make_case([(c, 1) for c in contexts] + [(0, 0)] * 2, pad=2, num_heads=num_heads,
+                     num_kv_heads=num_kv_heads, head_dim=16, block_size=4)
+    ref_out, ref_kc, ref_vc = reference_attention(**case)
+    case = {k: v.to(device) if torch.is_tensor(v) else v for k, v in case.items()}
+    for call in range(2):
+        kc, vc = case["key_cache"].clone(), case["value_cache"].clone()
+        if layout == "strided":
+            kc, vc = _interleaved(kc), _interleaved(vc)
+        output = torch.full_like(case["query"], float("nan"))
+        triton_attention.decode_attention(output, case["query"], case["key"], case["value"], kc, vc,
+                                          case["slot_mapping"], case["block_table"], case["seq_lens"],
+                                          case["scale"])
+        torch.testing.assert_close(output.cpu(), ref_out, atol=1e-5, rtol=0, msg=f"call {call}")
+        assert_same(kc.cpu(), ref_kc)
+        assert_same(vc.cpu(), ref_vc)
+
+        kc, vc = case["key_cache"].clone(), case["value_cache"].clone()
+        if layout == "strided":
+            kc, vc = _interleaved(kc), _interleaved(vc)
+        triton_attention.write_kv(case["key"], case["value"], kc, vc, case["slot_mapping"])
+        assert_same(kc.cpu(), ref_kc)
+        assert_same(vc.cpu(), ref_vc)

@@ -187,6 +187,15 @@ def through_dynamo(exc: Exception) -> Exception:
     return new
 
 
+def generated_forward(module: torch.fx.GraphModule) -> Callable:
+    """The module's generated `forward`, bound. A lazily recompiled GraphModule's `forward` is a stub that
+    regenerates the code and then goes through `Module.__call__` on every call: generate it now instead."""
+    real_recompile = getattr(module, "real_recompile", None)   # torch.fx._lazy_graph_module._LazyGraphModule
+    if real_recompile is not None:
+        real_recompile()
+    return module.forward
+
+
 def direct_kernel(target) -> Callable | None:
     """The Python body of a `torch.library.custom_op`, when calling it directly equals dispatching to it.
 

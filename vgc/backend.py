@@ -173,7 +173,7 @@ class VgcBackend:
                 counters.splitting_pieces += 1
                 _call_custom_ops_directly(piece.module)
                 # Bound forward skips nn.Module.__call__: attention pieces run eagerly with no hook overhead.
-                split_gm.__dict__[piece.name] = piece.module.forward
+                split_gm.__dict__[piece.name] = _compat.generated_forward(piece.module)
                 continue
             if piece.name not in piece_inputs:  # dead piece (never called)
                 continue

@@ -71,15 +71,15 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     _check_args(output, query, key, value, key_cache, value_cache,
                 slot_mapping, block_table, seq_lens, query_start_loc)
     use_triton = use_sdpa and triton_attention.HAS_TRITON and query.is_cuda
+    if use_triton and (query.shape[0] == seq_lens.shape[0] or torch.cuda.is_current_stream_capturing()):
+        # As many tokens as sequences means one token per sequence (the op's contract): token t is sequence
+        # t's last position. Decided from shapes, with no host sync, so it also runs inside a CUDA graph,
+        # where it must be a decode batch. One kernel writes the new K/V and attends.
+        triton_attention.decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping,
+                                          block_table, seq_lens, scale)
+        return
     if use_triton:
         triton_attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
-        if query.shape[0] == seq_lens.shape[0] or torch.cuda.is_current_stream_capturing():
-            # As many tokens as sequences means one token per sequence (the op's contract): token t is
-            # sequence t's last position. Decided from shapes, with no host sync, so it also runs inside a
-            # CUDA graph, where it must be a decode batch.
-            triton_attention.decode_attention(output, query, key_cache, value_cache, block_table, seq_lens,
-                                              scale)
-            return
     else:
         _write_kv(key, value, key_cache, value_cache, slot_mapping)
 
@@ -200,6 +200,27 @@ def _sdpa(q, k, v, mask, causal, scale):
 
 def _check_args(output, query, key, value, key_cache, value_cache,
                 slot_mapping, block_table, seq_lens, query_start_loc):
+    # The op runs eagerly between CUDA graphs on every layer of every step: one cheap test of everything
+    # first, and the per-argument diagnosis only when it fails.
+    q, k, cache, device = query.shape, key.shape, key_cache.shape, query.device
+    if (len(q) == 3 and output.shape == q and len(k) == 3 and value.shape == k and k[0] == q[0]
+            and k[2] == q[2] and k[1] > 0 and q[1] % k[1] == 0 and len(cache) == 4 and cache[2:] == k[1:]
+            and value_cache.shape == cache and slot_mapping.dim() == 1 and slot_mapping.shape[0] == q[0]
+            and block_table.dim() == 2 and seq_lens.dim() == 1 and block_table.shape[0] == seq_lens.shape[0]
+            and query_start_loc.dim() == 1 and query_start_loc.shape[0] == seq_lens.shape[0] + 1
+            and query.is_floating_point() and key.is_floating_point() and value.is_floating_point()
+            and output.is_floating_point() and key_cache.is_floating_point() and value_cache.is_floating_point()
+            and slot_mapping.dtype in _INDEX_DTYPES and block_table.dtype in _INDEX_DTYPES
+            and seq_lens.dtype in _INDEX_DTYPES and query_start_loc.dtype in _INDEX_DTYPES
+            and all(t.device == device for t in (output, key, value, key_cache, value_cache, slot_mapping,
+                                                 block_table, seq_lens, query_start_loc))):
+        return
+    _explain_bad_args(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
+                      query_start_loc)
+
+
+def _explain_bad_args(output, query, key, value, key_cache, value_cache,
+                      slot_mapping, block_table, seq_lens, query_start_loc):
     def fail(name, msg):
         raise ValueError(f"vgc::attention: {name} {msg}")
 

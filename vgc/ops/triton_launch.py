@@ -1,0 +1,79 @@
+"""Low-overhead launches of vgc's own Triton kernels.
+
+`kernel[grid](...)` re-derives the kernel's specialisation from every argument on every call (about 20 µs of
+host time per launch on the H200 machine). Attention runs eagerly between CUDA graphs with PIECEWISE graphs, twice
+per layer, so that host time adds up to more than the GPU time of a small model's decode step. `FastLauncher`
+keeps the compiled binary under a key that is at least as fine as Triton's own, and launches it directly.
+
+This uses Triton's `CompiledKernel.run` launcher (Triton 3.x). Anything else (the CPU interpreter, an
+older or newer Triton whose launcher differs, a launch hook set by a profiler) takes the ordinary path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    from triton.runtime import driver
+except ImportError:  # CPU-only installs
+    triton = None
+try:
+    from triton import knobs
+except ImportError:  # no Triton, or one older than 3.4
+    knobs = None
+
+
+def _triton_version() -> tuple[int, int]:
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# `triton.knobs` and this `CompiledKernel.run` calling convention are those of Triton 3.4 to 3.6.
+_LAUNCHER_KNOWN = knobs is not None and (3, 4) <= _triton_version() < (4, 0)
+
+
+def _arg_key(arg):
+    # At least as fine as Triton's specialisation: tensors by dtype and 16-byte alignment, ints by the value 1,
+    # divisibility by 16 and width; anything else by type and value.
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, bool):
+        return bool, arg
+    if isinstance(arg, int):
+        return int, arg == 1, arg % 16 == 0, -2**31 <= arg < 2**31, 0 <= arg < 2**64
+    if isinstance(arg, float):
+        return float
+    return type(arg), arg
+
+
+class FastLauncher:
+    """`FastLauncher(kernel)(grid, *args, **constexprs)` launches `kernel` like `kernel[grid](*args, **constexprs)`.
+
+    The constexprs must be passed by keyword and come last in the kernel's signature.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.binaries: dict[tuple, object] = {}
+        # Under TRITON_INTERPRET=1 kernels are interpreter functions, not JITFunctions: nothing to cache.
+        self.fast = _LAUNCHER_KNOWN and isinstance(kernel, triton.runtime.jit.JITFunction)
+        self.arg_names = list(getattr(kernel, "arg_names", []))
+
+    def __call__(self, grid: tuple[int, ...], *args, **constexprs):
+        hooks = knobs.runtime if self.fast else None
+        if hooks is None or hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+            self.kernel[grid](*args, **constexprs)
+            return
+        device = torch.cuda.current_device()
+        key = (device, *map(_arg_key, args), *constexprs.items())
+        binary = self.binaries.get(key)
+        if binary is None:
+            binary = self.kernel[grid](*args, **constexprs)   # compiles (or finds) and launches
+            if hasattr(binary, "packed_metadata") and hasattr(binary, "function"):
+                self.binaries[key] = binary
+            return
+        grid = (*grid, 1, 1)
+        ordered = [constexprs[name] for name in self.arg_names[len(args):]]   # signature order
+        binary.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), binary.function,
+                   binary.packed_metadata, None, None, None, *args, *ordered)
