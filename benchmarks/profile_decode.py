@@ -26,6 +26,10 @@ VARIANTS = {
     # With coordinate-descent tuning, Inductor turns a static M=1 matmul into a reduction it can fuse.
     "static1+cdt": {"compile_sizes": [1], "inductor_compile_config": {"coordinate_descent_tuning": True}},
     "static1+combo": {"compile_sizes": [1], "inductor_compile_config": {"combo_kernels": True}},
+    # Programmatic dependent launch: a kernel may start while its predecessor drains.
+    "pdl": {"inductor_compile_config": {"triton.enable_pdl": True}},
+    "static1+cdt+pdl": {"compile_sizes": [1], "inductor_compile_config": {"coordinate_descent_tuning": True,
+                                                                           "triton.enable_pdl": True}},
     "autotune": {"compile_sizes": [1], "inductor_compile_config": {"max_autotune": True,
                                                                     "coordinate_descent_tuning": True}},
 }
@@ -62,6 +66,16 @@ def kernel_table(fn, batch, steps=20):
             per_kernel[name][0] += 1
             per_kernel[name][1] += event.device_time_total if hasattr(event, "device_time_total") \
                 else event.cuda_time_total
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    gap_before = collections.defaultdict(float)
+    for before, after in zip(kernels, kernels[1:]):
+        gap = after.time_range.start - before.time_range.end
+        if 0 < gap < 50:   # within a step (steps are further apart)
+            gap_before[after.name[:60]] += gap
+    total_gap = sum(gap_before.values()) / steps
+    print(f"    idle GPU between kernels within a step: {total_gap:.1f} us; most before:",
+          ", ".join(f"{name} {t / steps:.0f} us" for name, t in sorted(gap_before.items(), key=lambda kv: -kv[1])[:4]))
     total_us = sum(t for _, t in per_kernel.values()) / steps
     count = sum(n for n, _ in per_kernel.values()) / steps
     print(f"    kernels per step: {count:.0f}, kernel time per step: {total_us:.1f} us")
@@ -71,7 +85,7 @@ def kernel_table(fn, batch, steps=20):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variants", default="default,static1,static1+cdt,static1+combo")
+    parser.add_argument("--variants", default="default,pdl,static1+cdt,static1+cdt+pdl")
     parser.add_argument("--piecewise", action="store_true", default=True)
     args = parser.parse_args()
     cfg = llama.llama_1b_config()
@@ -112,14 +126,21 @@ def main() -> None:
     for variant in args.variants.split(","):
         extra = VARIANTS[variant]
         torch._dynamo.reset()
+        try:
+            vgc.CompilationConfig(**extra)
+        except ValueError as e:   # an Inductor option this torch lacks
+            print(f"\nFULL [{variant}] skipped: {e}")
+            continue
         start = time.perf_counter()
         config = vgc.CompilationConfig(cudagraph_mode="full", cudagraph_capture_sizes=[1, 8], **extra)
         compiled = vgc.compile(model, config=config, pad_values=llama.PAD_VALUES,
                                uniform_decode=llama.is_uniform_decode)
         compiled.warmup(prefill, make_decode_inputs=decode)
         batch = decode(1)
+        graph = compiled.graphs.full[1].graph
         print(f"\nFULL [{variant}] warm-up {time.perf_counter() - start:.1f} s; "
-              f"decode 1: {step_ms(compiled, batch):.3f} ms")
+              f"decode 1: {step_ms(compiled, batch):.3f} ms; the graph's replay alone: "
+              f"{step_ms(lambda **_: graph.replay(), {}):.3f} ms")
         kernel_table(compiled, batch)
 
     torch._dynamo.reset()

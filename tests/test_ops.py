@@ -201,7 +201,7 @@ def _interleaved(cache):
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 1), (16, 2)])
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 def test_triton_decode_and_kv_write_match_reference(heads, layout):
-    """The fused decode kernel (K/V write + attention, GQA groups of 1 to 8) and the KV-write kernel, against the
+    """The decode kernel (K/V write + attention, GQA groups of 1 to 8) and the KV-write kernel, against the
     float64 reference, with padding rows (slot -1, length 0) and repeated calls (the cached-launch path)."""
     device = _triton_device()
     if device is None:
@@ -231,3 +231,5 @@ def test_triton_decode_and_kv_write_match_reference(heads, layout):
         triton_attention.write_kv(case["key"], case["value"], kc, vc, case["slot_mapping"])
         assert_same(kc.cpu(), ref_kc)
         assert_same(vc.cpu(), ref_vc)
+    if device == "cuda":   # the repeated calls above went through the cached-binary launch
+        assert triton_attention._launch_decode.binaries and triton_attention._launch_write_kv.binaries

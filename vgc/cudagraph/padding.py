@@ -32,7 +32,7 @@ def pad_into(buffer: torch.Tensor, value: torch.Tensor, dim: int, pad: int, pad_
     """Copy `value` into the front of `buffer` along `dim`, pad `pad` more entries, return that view."""
     size = value.shape[dim]
     view = buffer.narrow(dim, 0, size + pad)
-    view.narrow(dim, 0, size).copy_(value)
+    (view.narrow(dim, 0, size) if pad else view).copy_(value)
     if pad:
         tail = view.narrow(dim, size, pad)
         if pad_value == "edge":
@@ -64,6 +64,8 @@ def slice_outputs(outputs: Any, size: int, dims=None) -> Any:
             leaf = leaf.narrow(d, 0, size)
         return leaf
 
+    if isinstance(outputs, torch.Tensor):   # the common case, without the pytree walk (per call, host time)
+        return cut(outputs)
     return pytree.tree_map(cut, outputs)
 
 

@@ -41,34 +41,32 @@ if HAS_TRITON:
     def _decode_kernel(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
                        scale, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
                        o_stride_t, o_stride_h, bt_stride, cache_stride_block, cache_stride_slot, cache_stride_h,
-                       num_seqs, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-        # One program per (token, KV head): token t is sequence t's last position (uniform single-token decode).
-        # It writes the token's K/V to its slot and attends the GROUP query heads that share this KV head over
-        # the cached context plus the new K/V, taken from registers: one launch, each cache row read once.
+                       num_seqs, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        # One program per (token, query head); token t is sequence t's last position (uniform single-token
+        # decode). The first head of each KV group writes the token's K/V to its slot; every head attends its
+        # cached context plus the new K/V taken from registers, so writing and attending is one launch. Small
+        # programs keep batch-1 latency low (a program per KV group, holding GROUP heads, took twice as long).
         token = tl.program_id(0)
-        kv_head = tl.program_id(1)
+        head = tl.program_id(1)
+        kv_head = head // GROUP
         d = tl.arange(0, BLOCK_D)
         d_mask = d < HEAD_DIM
-        g = tl.arange(0, BLOCK_G)
-        heads = kv_head * GROUP + g
-        q_mask = (g < GROUP)[:, None] & d_mask[None, :]
-        q = tl.load(query + token * q_stride_t + heads[:, None] * q_stride_h + d[None, :], mask=q_mask,
-                    other=0.0).to(tl.float32)
         k_new = tl.load(key + token * k_stride_t + kv_head * k_stride_h + d, mask=d_mask, other=0.0)
         v_new = tl.load(value + token * v_stride_t + kv_head * v_stride_h + d, mask=d_mask, other=0.0)
         k_new = k_new.to(key_cache.dtype.element_ty)
         v_new = v_new.to(value_cache.dtype.element_ty)
         slot = tl.load(slot_mapping + token).to(tl.int64)
-        if slot >= 0:  # a negative slot is a padding token: it writes nothing
+        if (slot >= 0) & (head % GROUP == 0):  # a negative slot is a padding token: it writes nothing
             dst = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot \
                 + kv_head * cache_stride_h + d
             tl.store(key_cache + dst, k_new, mask=d_mask)
             tl.store(value_cache + dst, v_new, mask=d_mask)
         seq_len = tl.load(seq_lens + token, mask=token < num_seqs, other=0)
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        q = tl.load(query + token * q_stride_t + head * q_stride_h + d, mask=d_mask, other=0.0).to(tl.float32)
+        m = tl.full([1], float("-inf"), tl.float32)
+        l = tl.zeros([1], tl.float32)
+        acc = tl.zeros([BLOCK_D], tl.float32)
         for start in range(0, seq_len - 1, BLOCK_N):   # the cached context: every position but the last
             pos = start + tl.arange(0, BLOCK_N)
             pos_mask = pos < seq_len - 1
@@ -78,24 +76,24 @@ if HAS_TRITON:
             kv_mask = pos_mask[:, None] & d_mask[None, :]
             k = tl.load(key_cache + offs, mask=kv_mask, other=0.0).to(tl.float32)
             v = tl.load(value_cache + offs, mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale          # [G, N]
-            s = tl.where(pos_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
+            s = tl.sum(k * q[None, :], axis=1) * scale
+            s = tl.where(pos_mask, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            p = tl.exp(s - m_new)
             alpha = tl.exp(m - m_new)
-            l = l * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            l = l * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
             m = m_new
         if seq_len > 0:   # the new token itself (a padding row of length 0 attends nothing)
-            s_new = tl.sum(q * k_new.to(tl.float32)[None, :], axis=1) * scale
+            s_new = tl.sum(q * k_new.to(tl.float32), axis=0) * scale
             m_new = tl.maximum(m, s_new)
             alpha = tl.exp(m - m_new)
             p_new = tl.exp(s_new - m_new)
             l = l * alpha + p_new
-            acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
-        out = tl.where(l[:, None] > 0, acc / tl.maximum(l, 1e-30)[:, None], 0.0)
-        tl.store(output + token * o_stride_t + heads[:, None] * o_stride_h + d[None, :],
-                 out.to(output.dtype.element_ty), mask=q_mask)
+            acc = acc * alpha + p_new * v_new.to(tl.float32)
+        out = tl.where(l > 0, acc / tl.maximum(l, 1e-30), 0.0)
+        tl.store(output + token * o_stride_t + head * o_stride_h + d, out.to(output.dtype.element_ty),
+                 mask=d_mask)
 
     _launch_write_kv = FastLauncher(_write_kv_kernel)
     _launch_decode = FastLauncher(_decode_kernel)
@@ -124,17 +122,14 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
     if num_tokens == 0:
         return
     num_kv_heads = key.shape[1]
-    group = num_heads // num_kv_heads
-    block_g = triton.next_power_of_2(group)
     assert query.stride(2) == 1 and key.stride(2) == 1 and value.stride(2) == 1 and output.stride(2) == 1 \
         and key_cache.stride(3) == 1, "head dim must be contiguous"
     assert key_cache.stride() == value_cache.stride(), "key and value caches must share one layout"
     _launch_decode(
-        (num_tokens, num_kv_heads),
+        (num_tokens, num_heads),
         output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens, scale,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         output.stride(0), output.stride(1), block_table.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), seq_lens.shape[0],
-        # The [G, N, D] products live in registers: fewer context rows per step for larger groups.
-        GROUP=group, BLOCK_G=block_g, BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=max(8, min(64, 128 // block_g)))
+        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=32)

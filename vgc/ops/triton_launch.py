@@ -47,6 +47,11 @@ def _arg_key(arg):
     return type(arg), arg
 
 
+def _hook_set(hook) -> bool:
+    # Triton 3.6 keeps a HookChain, empty unless a profiler adds to it; earlier 3.x keep None or a function.
+    return hook is not None and getattr(hook, "calls", True) != []
+
+
 class FastLauncher:
     """`FastLauncher(kernel)(grid, *args, **constexprs)` launches `kernel` like `kernel[grid](*args, **constexprs)`.
 
@@ -62,7 +67,7 @@ class FastLauncher:
 
     def __call__(self, grid: tuple[int, ...], *args, **constexprs):
         hooks = knobs.runtime if self.fast else None
-        if hooks is None or hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+        if hooks is None or _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             self.kernel[grid](*args, **constexprs)
             return
         device = torch.cuda.current_device()
