@@ -50,8 +50,34 @@ def test_static_inputs_reserve_room_for_offsets():
     assert static.buffers["qsl"].shape == (17,)
     assert static.fits("qsl", torch.zeros(4), 0, padded=8, batch_size=3)
     assert not static.fits("qsl", torch.zeros(30), 0, padded=16, batch_size=3)
-    view = static.pad("qsl", torch.tensor([0, 2, 3], dtype=torch.int32), 0, 5)
-    assert view.tolist() == [0, 2, 3, 3, 3, 3, 3, 3]
+    static.reserve("ids", torch.zeros(16, dtype=torch.int64), 0, 16)
+    views = static.pad_all({"qsl": torch.tensor([0, 2, 3], dtype=torch.int32), "ids": torch.tensor([7, 8])},
+                           {"qsl": 0, "ids": 0}, 5)
+    assert views["qsl"].tolist() == [0, 2, 3, 3, 3, 3, 3, 3] and views["ids"].tolist() == [7, 8, 0, 0, 0, 0, 0]
+    assert views["ids"].data_ptr() == static.buffers["ids"].data_ptr()
+
+
+def test_an_input_already_in_its_buffer_is_not_copied_onto_itself():
+    """An engine may write its inputs into vgc's buffers and pass views of them: that costs no copy."""
+    static = StaticInputs(max_size=8, pad_values={})
+    static.reserve("ids", torch.zeros(8, dtype=torch.int64), 0, 8)
+    static.buffers["ids"][:3] = torch.tensor([4, 5, 6])
+    in_place = static.buffers["ids"][:3]
+    copies = []
+    with _CountCopies(copies):
+        views = static.pad_all({"ids": in_place}, {"ids": 0}, 1)
+    assert views["ids"].tolist() == [4, 5, 6, 0] and copies == []
+
+
+class _CountCopies(torch.overrides.TorchFunctionMode):
+    def __init__(self, copies):
+        super().__init__()
+        self.copies = copies
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if "copy" in getattr(func, "__name__", ""):
+            self.copies.append(func.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 def test_llama_pad_values_make_padding_inert():

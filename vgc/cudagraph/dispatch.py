@@ -29,6 +29,7 @@ class _FullGraph:
     output: Any
     pinned: dict[str, int]    # tensors passed through unpadded (KV caches): their address is baked in
     shapes: dict[str, torch.Size]   # padded dynamic inputs as captured: their extents are baked in too
+    inputs: dict[str, Any]          # what the graph reads, held so that no buffer of it is freed and reused
 
 
 @dataclass
@@ -134,8 +135,7 @@ class GraphDispatcher:
 
     def _pad(self, arguments: dict, padded: int, size: int) -> dict:
         out = dict(arguments)
-        for name, dim in self.dynamic.items():
-            out[name] = self.static.pad(name, arguments[name], dim, padded - size)
+        out.update(self.static.pad_all(arguments, self.dynamic, padded - size))
         return out
 
     def _pinned(self, arguments: dict) -> dict[str, int]:
@@ -189,7 +189,7 @@ class GraphDispatcher:
             graph, output = cuda_runtime.capture(lambda: self.call(arguments), self.runtime.pool())
         graph.replay()
         shapes = {name: arguments[name].shape for name in self.dynamic}
-        self.full[size] = _FullGraph(graph, output, self._pinned(arguments), shapes)
+        self.full[size] = _FullGraph(graph, output, self._pinned(arguments), shapes, arguments)
         self.learn_output_dims(output, size)
         counters.cudagraph_captures += 1
 

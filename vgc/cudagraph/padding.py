@@ -30,19 +30,36 @@ def padded_size(size: int, capture_sizes: list[int]) -> int | None:
 
 def pad_into(buffer: torch.Tensor, value: torch.Tensor, dim: int, pad: int, pad_value: PadValue) -> torch.Tensor:
     """Copy `value` into the front of `buffer` along `dim`, pad `pad` more entries, return that view."""
-    size = value.shape[dim]
-    view = buffer.narrow(dim, 0, size + pad)
-    (view.narrow(dim, 0, size) if pad else view).copy_(value)
+    return pad_many([(buffer, value, dim, pad_value)], pad)[0]
+
+
+def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: int) -> list[torch.Tensor]:
+    """`pad_into` for several (buffer, value, dim, pad value) at once: the copies go in one multi-tensor copy,
+    since every launch costs host time between replays. A value that already is the front of its buffer (an
+    engine writing into vgc's buffers directly) is not copied."""
+    views, targets, sources = [], [], []
+    for buffer, value, dim, _ in jobs:
+        size = value.shape[dim]
+        view = buffer.narrow(dim, 0, size + pad)
+        front = view.narrow(dim, 0, size) if pad else view
+        if value.data_ptr() != front.data_ptr() or value.stride() != front.stride():
+            targets.append(front)
+            sources.append(value)
+        views.append(view)
+    if targets:
+        torch._foreach_copy_(targets, sources)
     if pad:
-        tail = view.narrow(dim, size, pad)
-        if pad_value == "edge":
-            if size == 0:
-                tail.zero_()
+        for view, (_, value, dim, pad_value) in zip(views, jobs):
+            size = value.shape[dim]
+            tail = view.narrow(dim, size, pad)
+            if pad_value == "edge":
+                if size == 0:
+                    tail.zero_()
+                else:
+                    tail.copy_(value.narrow(dim, size - 1, 1).expand_as(tail))
             else:
-                tail.copy_(value.narrow(dim, size - 1, 1).expand_as(tail))
-        else:
-            tail.fill_(pad_value)
-    return view
+                tail.fill_(pad_value)
+    return views
 
 
 def output_tensors(out: Any) -> list[torch.Tensor]:
@@ -94,3 +111,9 @@ class StaticInputs:
 
     def pad(self, name: str, tensor: torch.Tensor, dim: int, pad: int) -> torch.Tensor:
         return pad_into(self.buffers[name], tensor, dim, pad, self.pad_values.get(name, 0))
+
+    def pad_all(self, arguments: dict, dims: dict[str, int], pad: int) -> dict:
+        """Every dynamic argument (name -> its padded dim) copied into its buffer and padded by `pad`."""
+        views = pad_many([(self.buffers[name], arguments[name], dim, self.pad_values.get(name, 0))
+                          for name, dim in dims.items()], pad)
+        return dict(zip(dims, views))

@@ -33,18 +33,8 @@ def _triton_version() -> tuple[int, int]:
 _LAUNCHER_KNOWN = knobs is not None and (3, 4) <= _triton_version() < (4, 0)
 
 
-def _arg_key(arg):
-    # At least as fine as Triton's specialisation: tensors by dtype and 16-byte alignment, ints by the value 1,
-    # divisibility by 16 and width; anything else by type and value.
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
-    if isinstance(arg, bool):
-        return bool, arg
-    if isinstance(arg, int):
-        return int, arg == 1, arg % 16 == 0, -2**31 <= arg < 2**31, 0 <= arg < 2**64
-    if isinstance(arg, float):
-        return float
-    return type(arg), arg
+# Exact scalar values in the key (a batch size among them) make one entry per distinct batch size: bounded.
+_MAX_KEYS = 4096
 
 
 def _hook_set(hook) -> bool:
@@ -70,15 +60,24 @@ class FastLauncher:
         if hooks is None or _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             self.kernel[grid](*args, **constexprs)
             return
-        device = torch.cuda.current_device()
-        key = (device, *map(_arg_key, args), *constexprs.items())
-        binary = self.binaries.get(key)
+        # The key holds every scalar's type and exact value and every tensor's dtype, which is finer than Triton's own
+        # specialisation (ints by ==1 and %16, pointers by 16-byte alignment), provided every pointer is
+        # aligned; a call with a misaligned tensor takes the ordinary path. Built in one pass: it runs per launch.
+        aligned, key = True, [torch.cuda.current_device()]
+        for arg in args:
+            if isinstance(arg, torch.Tensor):
+                aligned = aligned and arg.data_ptr() % 16 == 0
+                key.append(arg.dtype)
+            else:
+                key += (type(arg), arg)   # with its type: True == 1 == 1.0, but Triton types them apart
+        key = (*key, *constexprs.values())
+        binary = self.binaries.get(key) if aligned else None
         if binary is None:
             binary = self.kernel[grid](*args, **constexprs)   # compiles (or finds) and launches
-            if hasattr(binary, "packed_metadata") and hasattr(binary, "function"):
+            if aligned and len(self.binaries) < _MAX_KEYS and hasattr(binary, "packed_metadata"):
                 self.binaries[key] = binary
             return
         grid = (*grid, 1, 1)
         ordered = [constexprs[name] for name in self.arg_names[len(args):]]   # signature order
-        binary.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), binary.function,
+        binary.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(key[0]), binary.function,
                    binary.packed_metadata, None, None, None, *args, *ordered)
