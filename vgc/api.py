@@ -146,7 +146,9 @@ class CompiledModel:
 
     def _check(self, arguments: dict[str, Any]) -> None:
         for name, spec in self._specs.items():
-            spec.check(f"argument {name!r}", arguments[name])
+            value = arguments[name]
+            if not spec.ok(value):   # the message is built only for a call that fails
+                spec.check(f"argument {name!r}", value)
         for guard in self._size_guards:
             guard.check(arguments)
 

@@ -9,8 +9,9 @@ guarded on (e.g. `input_ids` and `positions` have the same length, or a model's 
 from __future__ import annotations
 
 import logging
+import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import sympy
@@ -32,11 +33,29 @@ class TensorSpec:
     ndim: int
     static_dims: tuple[tuple[int, int], ...]   # (dim, size) of every dim that is not dynamic
     contiguous: bool                             # compiled code indexes a contiguous input as such
+    _static_sizes: Callable = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # ok() runs for every tensor of every call: the static dims are read with one C-level getter.
+        dims = tuple(d for d, _ in self.static_dims)
+        sizes = tuple(s for _, s in self.static_dims)
+        if not dims:
+            getter = lambda shape: True  # noqa: E731
+        elif len(dims) == 1:
+            getter = lambda shape, d=dims[0], s=sizes[0]: shape[d] == s  # noqa: E731
+        else:
+            getter = lambda shape, get=operator.itemgetter(*dims): get(shape) == sizes  # noqa: E731
+        object.__setattr__(self, "_static_sizes", getter)
 
     @classmethod
     def of(cls, tensor: torch.Tensor, dynamic_dims) -> "TensorSpec":
         static = tuple((d, s) for d, s in enumerate(tensor.shape) if d not in dynamic_dims)
         return cls(tensor.dtype, tensor.device, tensor.dim(), static, tensor.is_contiguous())
+
+    def ok(self, t: Any) -> bool:
+        return (isinstance(t, torch.Tensor) and t.dtype == self.dtype and t.device == self.device
+                and t.dim() == self.ndim and (not self.contiguous or t.is_contiguous())
+                and self._static_sizes(t.shape))
 
     def check(self, where: str, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
@@ -76,8 +95,11 @@ class ValueSpec:
     """A Python value Dynamo baked into the graph: later calls must pass an equal value of the same type."""
     value: Any
 
+    def ok(self, value: Any) -> bool:
+        return type(value) is type(self.value) and value == self.value
+
     def check(self, where: str, value: Any) -> None:
-        if type(value) is not type(self.value) or value != self.value:
+        if not self.ok(value):
             raise InputMismatchError(f"{where} is {value!r} but was {self.value!r} when traced; the traced value "
                                      "is baked into the compiled graph (compile another model for the other value)")
 
@@ -88,6 +110,13 @@ class ContainerSpec:
     kind: type
     keys: tuple
     items: tuple
+
+    def ok(self, value: Any) -> bool:
+        if type(value) is not self.kind or len(value) != len(self.keys):
+            return False
+        if self.kind is dict:
+            return tuple(value) == self.keys and all(spec.ok(value[k]) for k, spec in zip(self.keys, self.items))
+        return all(spec.ok(item) for spec, item in zip(self.items, value))
 
     def check(self, where: str, value: Any) -> None:
         if type(value) is not self.kind:
@@ -107,8 +136,11 @@ class OpaqueSpec:
     """An object vgc cannot compare per call (its attributes read while tracing are baked in)."""
     kind: type
 
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, self.kind)
+
     def check(self, where: str, value: Any) -> None:
-        if not isinstance(value, self.kind):
+        if not self.ok(value):
             raise InputMismatchError(f"{where} must be a {self.kind.__name__} as traced, got {type(value).__name__}")
 
 

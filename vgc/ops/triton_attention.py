@@ -107,9 +107,9 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
     assert key_cache.stride() == value_cache.stride(), "key and value caches must share one layout"
     _launch_write_kv(
         (num_tokens,),
-        key, value, key_cache, value_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        (key, value, key_cache, value_cache, slot_mapping),
+        (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim))
 
@@ -117,19 +117,19 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
 def decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
                      scale: float) -> None:
     """Uniform decode in one launch: token t is sequence t's last position; its K/V go to its slot (none for
-    a negative slot) and it attends its cached context plus itself. No host sync."""
+    a negative slot) and it attends its cached context plus itself. No host sync.
+
+    Runs once per layer per step between piece graphs, so it reads each tensor's strides once (host time)."""
     num_tokens, num_heads, head_dim = query.shape
     if num_tokens == 0:
         return
-    num_kv_heads = key.shape[1]
-    assert query.stride(2) == 1 and key.stride(2) == 1 and value.stride(2) == 1 and output.stride(2) == 1 \
-        and key_cache.stride(3) == 1, "head dim must be contiguous"
-    assert key_cache.stride() == value_cache.stride(), "key and value caches must share one layout"
+    qs, ks, vs, os_, cs = query.stride(), key.stride(), value.stride(), output.stride(), key_cache.stride()
+    assert qs[2] == ks[2] == vs[2] == os_[2] == cs[3] == 1, "head dim must be contiguous"
+    assert cs == value_cache.stride(), "key and value caches must share one layout"
     _launch_decode(
         (num_tokens, num_heads),
-        output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens, scale,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        output.stride(0), output.stride(1), block_table.stride(0),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), seq_lens.shape[0],
-        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=32)
+        (output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens),
+        (scale, qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], os_[0], os_[1], block_table.stride(0), cs[0], cs[1],
+         cs[2], seq_lens.shape[0]),
+        GROUP=num_heads // key.shape[1], BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
+        BLOCK_D=1 << (head_dim - 1).bit_length(), BLOCK_N=32)

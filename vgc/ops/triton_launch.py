@@ -43,9 +43,9 @@ def _hook_set(hook) -> bool:
 
 
 class FastLauncher:
-    """`FastLauncher(kernel)(grid, *args, **constexprs)` launches `kernel` like `kernel[grid](*args, **constexprs)`.
-
-    The constexprs must be passed by keyword and come last in the kernel's signature.
+    """`FastLauncher(kernel)(grid, tensors, scalars, **constexprs)` launches `kernel` like
+    `kernel[grid](*tensors, *scalars, **constexprs)`: the kernel's signature lists its tensor arguments first,
+    then its scalar ones, then its constexprs.
     """
 
     def __init__(self, kernel):
@@ -55,29 +55,26 @@ class FastLauncher:
         self.fast = _LAUNCHER_KNOWN and isinstance(kernel, triton.runtime.jit.JITFunction)
         self.arg_names = list(getattr(kernel, "arg_names", []))
 
-    def __call__(self, grid: tuple[int, ...], *args, **constexprs):
+    def __call__(self, grid: tuple[int, ...], tensors: tuple, scalars: tuple, **constexprs):
         hooks = knobs.runtime if self.fast else None
         if hooks is None or _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
-            self.kernel[grid](*args, **constexprs)
+            self.kernel[grid](*tensors, *scalars, **constexprs)
             return
-        # The key holds every scalar's type and exact value and every tensor's dtype, which is finer than Triton's own
-        # specialisation (ints by ==1 and %16, pointers by 16-byte alignment), provided every pointer is
-        # aligned; a call with a misaligned tensor takes the ordinary path. Built in one pass: it runs per launch.
-        aligned, key = True, [torch.cuda.current_device()]
-        for arg in args:
-            if isinstance(arg, torch.Tensor):
-                aligned = aligned and arg.data_ptr() % 16 == 0
-                key.append(arg.dtype)
-            else:
-                key += (type(arg), arg)   # with its type: True == 1 == 1.0, but Triton types them apart
-        key = (*key, *constexprs.values())
+        # The key holds every scalar's type and exact value and every tensor's dtype, which is finer than
+        # Triton's own specialisation (ints by ==1 and %16, pointers by 16-byte alignment) provided every
+        # pointer is aligned; a call with a misaligned tensor takes the ordinary path. It is built per launch,
+        # so from whole tuples rather than argument by argument.
+        aligned = not any(t.data_ptr() & 15 for t in tensors)
+        key = (torch.cuda.current_device(), tuple([t.dtype for t in tensors]), tuple(map(type, scalars)),
+               scalars, tuple(constexprs.values()))
         binary = self.binaries.get(key) if aligned else None
         if binary is None:
-            binary = self.kernel[grid](*args, **constexprs)   # compiles (or finds) and launches
+            binary = self.kernel[grid](*tensors, *scalars, **constexprs)   # compiles (or finds) and launches
             if aligned and len(self.binaries) < _MAX_KEYS and hasattr(binary, "packed_metadata"):
                 self.binaries[key] = binary
             return
         grid = (*grid, 1, 1)
-        ordered = [constexprs[name] for name in self.arg_names[len(args):]]   # signature order
+        first_constexpr = len(tensors) + len(scalars)
+        ordered = [constexprs[name] for name in self.arg_names[first_constexpr:]]   # signature order
         binary.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(key[0]), binary.function,
-                   binary.packed_metadata, None, None, None, *args, *ordered)
+                   binary.packed_metadata, None, None, None, *tensors, *scalars, *ordered)
