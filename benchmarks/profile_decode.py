@@ -3,7 +3,7 @@
 Prints, for FULL graphs: the GPU kernels of one replay (count, time per kernel class, sum vs wall), for a few
 Inductor option sets; for PIECEWISE: the host time of one step and where it goes (cProfile).
 
-    PYTHONPATH=. python benchmarks/profile_decode.py [--variants default,static1,autotune]
+    PYTHONPATH=. python benchmarks/profile_decode.py [--variants default,pdl,static1+cdt,static1+cdt+pdl]
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ def kernel_table(fn, batch, steps=20):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default="default,pdl,static1+cdt,static1+cdt+pdl")
-    parser.add_argument("--piecewise", action="store_true", default=True)
     args = parser.parse_args()
     cfg = llama.llama_1b_config()
     model = llama.Llama(cfg).cuda().eval()
