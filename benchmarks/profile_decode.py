@@ -12,12 +12,12 @@ import argparse
 import collections
 import cProfile
 import pstats
-import statistics
 import time
 
 import torch
 
 import vgc
+from vgc.bench.decode import time_steps
 from vgc.models import llama
 
 VARIANTS = {
@@ -36,18 +36,7 @@ VARIANTS = {
 
 
 def step_ms(fn, batch, steps=100):
-    for _ in range(10):
-        fn(**batch)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(**batch)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_steps(fn, batch, warmup=10, steps=steps)
 
 
 def kernel_table(fn, batch, steps=20):
@@ -110,17 +99,10 @@ def main() -> None:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             gemvs()
-        for _ in range(5):
-            g.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(50):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record(); g.replay(); e.record(); e.synchronize()  # noqa: E702
-            times.append(s.elapsed_time(e))
-        print(f"64 cuBLAS GEMVs (16 layers' projections) in one graph: {statistics.median(times):.3f} ms")
+        replay = lambda **_: g.replay()  # noqa: E731
+        print(f"64 cuBLAS GEMVs (16 layers' projections) in one graph: {step_ms(replay, {}):.3f} ms")
         print("  kernels of that graph:")
-        kernel_table(lambda **_: g.replay(), {})
+        kernel_table(replay, {})
 
     for variant in args.variants.split(","):
         extra = VARIANTS[variant]

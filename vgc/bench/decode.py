@@ -15,7 +15,7 @@ import time
 import torch
 
 
-def _time_steps(fn, batch: dict, warmup: int, steps: int) -> float:
+def time_steps(fn, batch: dict, warmup: int, steps: int) -> float:
     with torch.no_grad():
         for _ in range(warmup):
             fn(**batch)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             if first:
                 setup_s += time.perf_counter() - t
                 first = False
-            cells[column] = _time_steps(fn, batch, args.warmup, args.steps)
+            cells[column] = time_steps(fn, batch, args.warmup, args.steps)
         results[name] = {"ms": cells, "setup_s": setup_s, **extra}
         torch._dynamo.reset()
         print(f"  {name}: " + ", ".join(f"{c} {v:.3f} ms" for c, v in cells.items()), flush=True)
