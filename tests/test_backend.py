@@ -89,6 +89,39 @@ def test_model_without_attention_is_one_compiled_piece(fresh_counters, no_cache)
     assert fresh_counters.inductor_compiles == 1
 
 
+class ShapeRecorder(torch._inductor.custom_graph_pass.CustomGraphPass):
+    """An Inductor post-grad pass that records the first input shape of every graph it is run on."""
+
+    def __init__(self, name):
+        self.name, self.shapes = name, []
+
+    def __call__(self, graph):
+        first = next(n for n in graph.nodes if n.op == "placeholder")
+        self.shapes.append(tuple(first.meta["val"].shape))
+
+    def uuid(self):
+        return self.name
+
+
+def test_compile_sizes_inductor_config_applies_to_static_artifacts_only(fresh_counters, no_cache):
+    everywhere, static_only = ShapeRecorder("everywhere"), ShapeRecorder("static-only")
+    config = vgc.CompilationConfig(compile_sizes=[8],
+                                   inductor_compile_config={"post_grad_custom_post_pass": everywhere},
+                                   compile_sizes_inductor_config={"post_grad_custom_pre_pass": static_only})
+    torch.manual_seed(0)
+    model = MLP()
+    compiled = vgc.compile(model, config=config)
+    compiled.warmup(lambda n: (torch.randn(n, 32),))
+    assert fresh_counters.inductor_compiles == 2
+    assert static_only.shapes == [(8, 32)]                      # the size-8 artifact only
+    assert len(everywhere.shapes) == 2 and (8, 32) in everywhere.shapes   # the symbolic one too
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+    with pytest.raises(ValueError, match="compile_sizes_inductor_config: unknown Inductor option 'max_autotun'"):
+        vgc.CompilationConfig(compile_sizes_inductor_config={"max_autotun": True})
+
+
 class SDPABlock(nn.Module):
     """A plain transformer block using F.scaled_dot_product_attention, as user code would."""
 

@@ -239,6 +239,7 @@ def test_config_hash_covers_codegen_fields_only():
     assert vgc.CompilationConfig(compile_sizes=[8]).compute_hash() != base
     assert vgc.CompilationConfig(splitting_ops=[]).compute_hash() != base
     assert vgc.CompilationConfig(inductor_compile_config={"max_autotune": True}).compute_hash() != base
+    assert vgc.CompilationConfig(compile_sizes_inductor_config={"max_autotune": True}).compute_hash() != base
     assert vgc.CompilationConfig(dynamic_shapes_config="unbacked").compute_hash() != base
 
 

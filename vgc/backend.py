@@ -204,7 +204,9 @@ class VgcBackend:
 
     def _compile_piece(self, piece: Piece, example_inputs: list, store) -> CompiledPiece:
         inductor_config = self.config.inductor_compile_config
-        key = piece_key(piece.module, example_inputs, extra=repr(sorted(inductor_config.items())))
+        static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
+        key = piece_key(piece.module, example_inputs,
+                        extra=repr((sorted(inductor_config.items()), sorted(static_config.items()))))
         size_source = find_size_source(example_inputs)
         single = not returns_tuple(piece.module)
         if key not in self._seen_keys:
@@ -218,7 +220,7 @@ class VgcBackend:
                 artifact = store.load_or_compile(
                     name,
                     lambda: compile_piece(piece.module, example_inputs, size=size, size_source=size_source,
-                                          inductor_config=inductor_config),
+                                          inductor_config=inductor_config if size is None else static_config),
                     meta={"piece": piece.name, "size": size})
                 fn = unwrap_single(artifact) if single else artifact
                 self._memo[name] = fn

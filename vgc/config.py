@@ -74,6 +74,9 @@ class CompilationConfig:
     splitting_ops: list[str] | None = None
     compile_sizes: list[int] = field(default_factory=list)
     inductor_compile_config: dict[str, Any] = field(default_factory=dict)
+    # Added for the static compile_sizes artifacts only: tuning that pays at one fixed size (coordinate descent
+    # turns an M=1 matmul into a fusable reduction) without slowing the symbolic-size code.
+    compile_sizes_inductor_config: dict[str, Any] = field(default_factory=dict)
     cudagraph_mode: CUDAGraphMode | None = None
     cudagraph_capture_sizes: list[int] | None = None
     max_cudagraph_capture_size: int = 512
@@ -91,11 +94,8 @@ class CompilationConfig:
             self.splitting_ops = _default_splitting_ops()
         self.splitting_ops = [_check_op_name(op) for op in _as_list(self.splitting_ops, "splitting_ops")]
         self.compile_sizes = sorted(set(_positive_ints(self.compile_sizes, "compile_sizes")))
-        if not isinstance(self.inductor_compile_config, dict):
-            raise ValueError(
-                f"inductor_compile_config must be a dict of Inductor options, got {type(self.inductor_compile_config).__name__}"
-            )
-        _check_inductor_options(self.inductor_compile_config)
+        for name in ("inductor_compile_config", "compile_sizes_inductor_config"):
+            _check_inductor_options(name, getattr(self, name))
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = parse_enum(CUDAGraphMode, self.cudagraph_mode, "cudagraph_mode")
         if isinstance(self.max_cudagraph_capture_size, bool) or not isinstance(self.max_cudagraph_capture_size, int) \
@@ -212,11 +212,12 @@ def _check_op_name(op: Any) -> str:
     return op
 
 
-def _check_inductor_options(options: dict[str, Any]) -> None:
+def _check_inductor_options(name: str, options: Any) -> None:
     import torch._inductor.config as inductor_config
 
+    if not isinstance(options, dict):
+        raise ValueError(f"{name} must be a dict of Inductor options, got {type(options).__name__}")
     known = set(inductor_config.get_config_copy())
     for key in options:
         if key not in known:
-            raise ValueError(f"inductor_compile_config: unknown Inductor option {key!r} "
-                             "(see torch._inductor.list_options())")
+            raise ValueError(f"{name}: unknown Inductor option {key!r} (see torch._inductor.list_options())")

@@ -1,7 +1,8 @@
 """`vgc bench decode`: per-step latency of the Llama-3.2-1B-shaped decoder, every execution strategy in one run.
 
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", and vgc with cudagraph_mode
-NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE, and FULL with optional tuning (see `tuned`). Columns: decode at several batch sizes and one prefill size.
+NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE, and FULL with optional tuning (see `tuned`). Columns: decode at
+several batch sizes and one prefill size.
 Each cell is the median of `--steps` steps timed with CUDA events after `--warmup` untimed steps.
 """
 

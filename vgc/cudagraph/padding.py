@@ -109,9 +109,6 @@ class StaticInputs:
         buffer = self.buffers.get(name)
         return buffer is not None and tensor.shape[dim] + padded - batch_size <= buffer.shape[dim]
 
-    def pad(self, name: str, tensor: torch.Tensor, dim: int, pad: int) -> torch.Tensor:
-        return pad_into(self.buffers[name], tensor, dim, pad, self.pad_values.get(name, 0))
-
     def pad_all(self, arguments: dict, dims: dict[str, int], pad: int) -> dict:
         """Every dynamic argument (name -> its padded dim) copied into its buffer and padded by `pad`."""
         views = pad_many([(self.buffers[name], arguments[name], dim, self.pad_values.get(name, 0))
