@@ -1,12 +1,12 @@
 """Low-overhead launches of vgc's own Triton kernels.
 
-`kernel[grid](...)` re-derives the kernel's specialisation from every argument on every call (about 20 µs of
-host time per launch on the H200 machine). Attention runs eagerly between CUDA graphs with PIECEWISE graphs, twice
-per layer, so that host time adds up to more than the GPU time of a small model's decode step. `FastLauncher`
-keeps the compiled binary under a key that is at least as fine as Triton's own, and launches it directly.
+`kernel[grid](...)` re-derives the kernel's specialisation from every argument on every call, in Python. With
+PIECEWISE graphs attention runs eagerly between the graphs, once per layer per step, and on the H200 machine
+that per-launch work made a small model's decode step host-bound. `FastLauncher` keeps the compiled binary
+under a key that is at least as fine as Triton's own, and launches it directly.
 
-This uses Triton's `CompiledKernel.run` launcher (Triton 3.x). Anything else (the CPU interpreter, an
-older or newer Triton whose launcher differs, a launch hook set by a profiler) takes the ordinary path.
+This uses Triton's `CompiledKernel.run` launcher as Triton 3.4 to 3.6 define it. Anything else (the CPU
+interpreter, a Triton outside 3.4–3.x, a launch hook set by a profiler) takes the ordinary path.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _triton_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# `triton.knobs` and this `CompiledKernel.run` calling convention are those of Triton 3.4 to 3.6.
+# `triton.knobs` and this `CompiledKernel.run` calling convention are those of Triton 3.4 to 3.6 (3.6 tested).
 _LAUNCHER_KNOWN = knobs is not None and (3, 4) <= _triton_version() < (4, 0)
 
 
