@@ -187,6 +187,11 @@ def through_dynamo(exc: Exception) -> Exception:
     return new
 
 
+def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA."""
+    torch._foreach_copy_(targets, sources)
+
+
 def generated_forward(module: torch.fx.GraphModule) -> Callable:
     """The module's generated `forward`, bound. A lazily recompiled GraphModule's `forward` is a stub that
     regenerates the code and then goes through `Module.__call__` on every call: generate it now instead."""

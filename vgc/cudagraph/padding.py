@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from vgc import _compat
+
 PadValue = int | float | str
 
 
@@ -47,7 +49,7 @@ def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: 
             sources.append(value)
         views.append(view)
     if targets:
-        torch._foreach_copy_(targets, sources)
+        _compat.copy_many(targets, sources)
     if pad:
         for view, (_, value, dim, pad_value) in zip(views, jobs):
             size = value.shape[dim]
