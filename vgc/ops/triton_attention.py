@@ -1,10 +1,13 @@
-"""Triton kernels for the CUDA path of `vgc::attention`: KV-cache writes and single-token (decode) attention.
+"""Triton kernels for the CUDA path of `vgc::attention`: KV-cache writes (before prefill attention) and
+single-token decode, which writes the new K/V itself and attends in the same launch.
 
 Both read every length from device memory and never synchronise with the host, so a decode step can be
 captured in a CUDA graph (cudagraph_mode FULL) and replayed with new lengths and block tables.
 """
 
 from __future__ import annotations
+
+import functools
 
 try:
     import triton
@@ -97,21 +100,23 @@ if HAS_TRITON:
 
     _launch_write_kv = FastLauncher(_write_kv_kernel)
     _launch_decode = FastLauncher(_decode_kernel)
+    # Block sizes are derived on every launch between graphs; Triton's helper costs about 1 µs a call.
+    _pow2 = functools.cache(triton.next_power_of_2)
 
 
 def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
-    assert key.stride(2) == 1 and value.stride(2) == 1 and key_cache.stride(3) == 1, "head dim must be contiguous"
-    assert key_cache.stride() == value_cache.stride(), "key and value caches must share one layout"
+    ks, vs, cs = key.stride(), value.stride(), key_cache.stride()
+    assert ks[2] == vs[2] == cs[3] == 1, "head dim must be contiguous"
+    assert cs == value_cache.stride(), "key and value caches must share one layout"
     _launch_write_kv(
         (num_tokens,),
         (key, value, key_cache, value_cache, slot_mapping),
-        (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)),
+        (ks[0], ks[1], vs[0], vs[1], cs[0], cs[1], cs[2]),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim))
+        BLOCK_H=_pow2(num_kv_heads), BLOCK_D=_pow2(head_dim))
 
 
 def decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
@@ -132,4 +137,4 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
         (scale, qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], os_[0], os_[1], block_table.stride(0), cs[0], cs[1],
          cs[2], seq_lens.shape[0]),
         GROUP=num_heads // key.shape[1], BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
-        BLOCK_D=1 << (head_dim - 1).bit_length(), BLOCK_N=32)
+        BLOCK_D=_pow2(head_dim), BLOCK_N=32)
