@@ -25,8 +25,9 @@ def _build(device: str):
     return cfg, model, compiled
 
 
-def _warm_up(device: str) -> dict:
-    """Compile (or load) everything; returns the readiness report and timings. Runs in a fresh process too."""
+def _warm_up(device: str):
+    """Compile (or load) everything; returns the readiness report with timings, and what it built. Runs in a
+    fresh process too."""
     import vgc
     from vgc.models import llama
 
@@ -35,11 +36,12 @@ def _warm_up(device: str) -> dict:
     cfg, model, compiled = _build(device)
     report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device=device))
     report["ready_seconds"] = time.perf_counter() - start
-    return report
+    return report, (cfg, model, compiled)
 
 
 def _child_main(device: str) -> None:
-    print(json.dumps(_warm_up(device), default=str))
+    report, _ = _warm_up(device)
+    print(json.dumps(report, default=str))
 
 
 def main(cache_root: str | None = None, device: str | None = None) -> int:
@@ -53,7 +55,7 @@ def main(cache_root: str | None = None, device: str | None = None) -> int:
     import vgc
     from vgc.models import llama
 
-    report = _warm_up(device)
+    report, (cfg, model, compiled) = _warm_up(device)
     graph = report["computation_graphs"][0] if report.get("computation_graphs") else None
     counters = report["counters"]
     print(f"\npieces: {report['pieces']} total, {report['unique_compiled_pieces']} unique compiled "
@@ -72,8 +74,6 @@ def main(cache_root: str | None = None, device: str | None = None) -> int:
     print(f"second process: ready in {warm['ready_seconds']:6.2f} s  "
           f"({wc['inductor_compiles']} Inductor compiles, {wc['artifacts_loaded']} artifacts loaded)")
 
-    cfg, model, compiled = _build(device)
-    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device=device))
     vgc.counters.reset()
     print("\nmax |compiled - eager| (fp32):")
     for kind in ("prefill", "decode"):

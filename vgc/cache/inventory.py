@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from vgc.cache.keys import diff_factors  # noqa: F401  (re-exported for the CLI)
+from vgc.cache.keys import diff_factors
 from vgc.cache.store import ARTIFACT_DIR, FACTORS_FILE, ArtifactStore
 
 CACHE_SUBDIR = "torch_compile_cache"
