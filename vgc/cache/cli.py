@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vgc import envs
 from vgc.cache import inventory
-from vgc.cache.keys import cache_key, environment_factors, source_factors
+from vgc.cache.keys import cache_key, diff_factors, environment_factors, source_factors
 
 
 def add_parser(commands) -> None:
@@ -135,7 +135,7 @@ def _why_miss(root: Path, args) -> int:
     for entry in candidates:
         manifest = entry.manifest() or {}
         _, current = cache_key(config.hash_factors(), env, _current_sources(manifest))
-        differences = inventory.diff_factors(manifest.get("factors", {}), current)
+        differences = diff_factors(manifest.get("factors", {}), current)
         if best is None or len(differences) < len(best[1]):
             best = (entry, differences)
     entry, differences = best
