@@ -187,6 +187,13 @@ def through_dynamo(exc: Exception) -> Exception:
     return new
 
 
+def source_name(source) -> str:
+    """A Dynamo `Source`'s name, e.g. "L['input_ids'].size()[0]": a method in some torch versions, a property
+    in others."""
+    name = source.name
+    return str(name() if callable(name) else name)
+
+
 def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA."""
     torch._foreach_copy_(targets, sources)

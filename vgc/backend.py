@@ -77,8 +77,7 @@ def _module_state_arguments(split_gm: fx.GraphModule, example_inputs: list) -> d
     for node, value in zip(placeholders, example_inputs):
         grapharg = node.meta.get("grapharg")
         source = getattr(grapharg, "source", None)
-        name = source.name if source is not None else ""
-        name = name() if callable(name) else str(name)
+        name = _compat.source_name(source) if source is not None else ""
         state[node] = isinstance(value, torch.nn.Parameter) or "_parameters[" in name or "_buffers[" in name
     return {node.target: [isinstance(a, fx.Node) and state.get(a, False) for a in node.args]
             for node in split_gm.graph.nodes if node.op == "call_module"}

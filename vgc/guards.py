@@ -17,6 +17,8 @@ from typing import Any, Callable
 import sympy
 import torch
 
+from vgc import _compat
+
 logger = logging.getLogger("vgc")
 
 _SIZE_SOURCE = re.compile(r"^L\['(?P<arg>\w+)'\](?:\[(?P<item>\d+)\])?\.size\(\)\[(?P<dim>\d+)\]$")
@@ -192,8 +194,7 @@ def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.
     sources = {}
     for symbol, srcs in shape_env.var_to_sources.items():
         if srcs:
-            name = srcs[0].name
-            sources[symbol] = name() if callable(name) else name
+            sources[symbol] = _compat.source_name(srcs[0])
     out = []
     for guard in shape_env.guards:
         # "if x.shape[0] > 4:  # model.py:7 in forward (_dynamo/variables/tensor.py:2606 in evaluate_expr)": keep the
