@@ -31,8 +31,6 @@ from vgc.ops import triton_attention
 __all__ = ["attention", "reference_attention"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-# enable_gqa avoids materialising repeated K/V heads; it appeared in torch 2.5.
-_SDPA_HAS_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
 
 
 @torch.library.custom_op(
@@ -185,17 +183,10 @@ def _attend_sdpa(q, k, v, scale):
 
 
 def _sdpa(q, k, v, mask, causal, scale):
-    """SDPA over [B, H, L, D] with grouped K/V heads."""
+    """SDPA over [B, H, L, D] with grouped K/V heads (enable_gqa: no repeated K/V is materialised)."""
     k, v = k.to(q.dtype), v.to(q.dtype)
-    if _SDPA_HAS_GQA:
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-            enable_gqa=True)
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                          is_causal=causal, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                          enable_gqa=True)
 
 
 def _check_args(output, query, key, value, key_cache, value_cache,
