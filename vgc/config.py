@@ -1,4 +1,11 @@
-"""User-facing configuration: `CompilationConfig`, its enums, validation and the config hash."""
+"""`CompilationConfig`: every option a user can give vgc, checked once at construction.
+
+Each field is declared once, beside its facts: a one-line doc, a check that normalises the value or raises a
+`ValueError` naming the fix, whether it enters the cache hash and whether it does anything yet. Validation,
+`hash_factors()` and the table in docs/config.md all read those declarations, so they cannot drift apart. The
+hash covers only fields that change the code Inductor generates: one cache entry serves every CUDA-graph mode,
+capture list, cache location and save format.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,9 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from vgc import _compat
 
 logger = logging.getLogger("vgc")
 
@@ -52,93 +61,191 @@ class DynamicShapesConfig:
         self.type = parse_enum(DynamicShapesType, self.type, "dynamic_shapes_config.type")
 
 
-def _default_splitting_ops() -> list[str]:
-    return ["vgc::attention"]
+# --- Checks. Each takes (value, field name), returns the normalised value or raises a ValueError that names the
+# field, the bad value and what is accepted.
+
+def _is_int_at_least(value: Any, minimum: int) -> bool:
+    # bool is an int subclass, but True as a size is always a mistake
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-# Fields that change where things are stored or how compiled code is replayed, not the code Inductor generates:
-# one cache entry serves every CUDA-graph mode and capture list.
-_NOT_IN_HASH = frozenset({"cache_dir", "compile_cache_save_format", "debug", "cudagraph_mode",
-                          "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mm_encoder",
-                          "encoder_cudagraph_token_budgets", "encoder_cudagraph_max_vision_items_per_batch",
-                          "encoder_cudagraph_max_frames_per_batch"})
+def _ints_wording(minimum: int, plural: bool) -> str:
+    if minimum == 1:
+        return "positive ints" if plural else "a positive int"
+    return f"ints >= {minimum}" if plural else f"an int >= {minimum}"
+
+
+def _int_at_least(minimum: int, *, none_ok: bool = False) -> Callable[[Any, str], Any]:
+    expected = ("None or " if none_ok else "") + _ints_wording(minimum, plural=False)
+
+    def check(value: Any, name: str) -> int | None:
+        if (none_ok and value is None) or _is_int_at_least(value, minimum):
+            return value
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return check
+
+
+def _sorted_ints(minimum: int) -> Callable[[Any, str], list[int]]:
+    """A list of ints >= minimum, kept sorted and without repeats so equal lists hash alike."""
+    def check(value: Any, name: str) -> list[int]:
+        values = _as_list(value, name)
+        for v in values:
+            if not _is_int_at_least(v, minimum):
+                raise ValueError(f"{name} must be {_ints_wording(minimum, plural=True)}, got {v!r}")
+        return sorted(set(values))
+    return check
+
+
+def _optional(check: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    return lambda value, name: None if value is None else check(value, name)
+
+
+def _enum(enum_cls: type[enum.Enum]) -> Callable[[Any, str], Any]:
+    return lambda value, name: parse_enum(enum_cls, value, name)
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _path(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{name} must be a path string or None, got {value!r}")
+    return value
+
+
+def _as_list(value: Any, name: str) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ValueError(f"{name} must be a list, got {type(value).__name__} {value!r}")
+
+
+def _splitting_ops(value: Any, name: str) -> list[str]:
+    if value is None:
+        return ["vgc::attention"]
+    ops = _as_list(value, name)
+    for op in ops:
+        if not isinstance(op, str) or "::" not in op or op.startswith("::") or op.endswith("::"):
+            raise ValueError(f"{name} entries must be operator names like 'vgc::attention' or "
+                             f"'aten::scaled_dot_product_attention', got {op!r}")
+    return ops
+
+
+def _inductor_options(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict of Inductor options, got {type(value).__name__}")
+    known = _compat.inductor_option_names() if value else set()   # the default config needs no torch lookup
+    for key in value:
+        if key not in known:
+            raise ValueError(f"{name}: unknown Inductor option {key!r} (see torch._inductor.list_options())")
+    return value
+
+
+def _dynamic_shapes(value: Any, name: str) -> DynamicShapesConfig:
+    if isinstance(value, DynamicShapesConfig):
+        return value
+    if isinstance(value, (str, DynamicShapesType)):
+        return DynamicShapesConfig(type=value)
+    if isinstance(value, dict):
+        return DynamicShapesConfig(**value)
+    accepted = ", ".join(repr(m.value) for m in DynamicShapesType)
+    raise ValueError(f"{name} must be a DynamicShapesConfig, a dict or one of {accepted}, got {value!r}")
+
+
+# --- The field table.
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What `CompilationConfig` knows about one of its fields, besides its type and default."""
+
+    doc: str
+    check: Callable[[Any, str], Any]
+    # In the hash only if it changes the code Inductor generates; a field that changes where the code is stored
+    # or how it is replayed would split the cache for nothing.
+    in_hash: bool
+    # Accepted and validated before it works, so configs written for the finished feature load today; setting
+    # it logs that it has no effect rather than being silently ignored.
+    # Every field not built today belongs to encoder CUDA graphs, which the warning names.
+    built: bool = True
+
+
+def _field(doc: str, check: Callable[[Any, str], Any], *, in_hash: bool, built: bool = True,
+           default: Any = None, factory: Callable[[], Any] | None = None) -> Any:
+    metadata = {"vgc": FieldSpec(doc, check, in_hash, built)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _spec(f: dataclasses.Field) -> FieldSpec:
+    return f.metadata["vgc"]
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 @dataclass
 class CompilationConfig:
-    """How vgc compiles a model. Every field is validated at construction.
+    """How vgc compiles a model. Every field is checked and normalised at construction; the fields, their
+    defaults and whether each enters the cache hash are listed in docs/config.md."""
 
-    See SPEC §2; fields marked "not built yet" in `docs/` are accepted but warn that they have no effect.
-    """
-
-    splitting_ops: list[str] | None = None
-    compile_sizes: list[int] = field(default_factory=list)
-    inductor_compile_config: dict[str, Any] = field(default_factory=dict)
-    # Added for the static compile_sizes artifacts only: tuning that pays at one fixed size (coordinate descent
-    # turns an M=1 matmul into a fusable reduction) without slowing the symbolic-size code.
-    compile_sizes_inductor_config: dict[str, Any] = field(default_factory=dict)
-    cudagraph_mode: CUDAGraphMode | None = None
-    cudagraph_capture_sizes: list[int] | None = None
-    max_cudagraph_capture_size: int = 512
-    dynamic_shapes_config: DynamicShapesConfig = field(default_factory=DynamicShapesConfig)
-    cache_dir: str | None = None
-    compile_cache_save_format: CompileCacheSaveFormat | None = None
-    cudagraph_mm_encoder: bool = False
-    encoder_cudagraph_token_budgets: list[int] = field(default_factory=list)
-    encoder_cudagraph_max_vision_items_per_batch: int = 0
-    encoder_cudagraph_max_frames_per_batch: int | None = None
-    debug: bool = False   # CUDA graphs: check replayed inputs' addresses; compare sampled replays with eager
+    splitting_ops: list[str] | None = _field(
+        "Operators the graph is split at; each runs eagerly between compiled pieces. None means "
+        "`['vgc::attention']`; `[]` gives one piece.", _splitting_ops, in_hash=True)
+    compile_sizes: list[int] = _field(
+        "Sizes of the dynamic dimension that get a static-size Inductor artifact besides the symbolic-size one.",
+        _sorted_ints(1), in_hash=True, factory=list)
+    inductor_compile_config: dict[str, Any] = _field(
+        "Inductor options for every artifact; unknown option names are errors.",
+        _inductor_options, in_hash=True, factory=dict)
+    compile_sizes_inductor_config: dict[str, Any] = _field(
+        "Inductor options added for the `compile_sizes` artifacts only: tuning that pays at one fixed size "
+        "(coordinate descent turns an M=1 matmul into a fusable reduction) without slowing the symbolic-size code.",
+        _inductor_options, in_hash=True, factory=dict)
+    cudagraph_mode: CUDAGraphMode | None = _field(
+        "`none`, `piecewise`, `full` or `full_and_piecewise`; None means `piecewise` on CUDA, `none` elsewhere.",
+        _optional(_enum(CUDAGraphMode)), in_hash=False)
+    cudagraph_capture_sizes: list[int] | None = _field(
+        "Sizes to capture CUDA graphs at; None means 1, 2, 4 and every multiple of 8 up to "
+        "`max_cudagraph_capture_size`.", _optional(_sorted_ints(1)), in_hash=False)
+    max_cudagraph_capture_size: int = _field(
+        "Largest capture size: larger `cudagraph_capture_sizes` entries are dropped.",
+        _int_at_least(1), in_hash=False, default=512)
+    dynamic_shapes_config: DynamicShapesConfig = _field(
+        "How `vgc.compile` treats dynamic sizes: `backed`, `unbacked` or `backed_size_oblivious` "
+        "(a string, a dict or a `DynamicShapesConfig`).", _dynamic_shapes, in_hash=True, factory=DynamicShapesConfig)
+    cache_dir: str | None = _field(
+        "Cache root; None means `$VGC_CACHE_ROOT`, else `~/.cache/vgc`.", _path, in_hash=False)
+    compile_cache_save_format: CompileCacheSaveFormat | None = _field(
+        "`binary` or `unpacked` (keeps Inductor's generated code readable); None means "
+        "`$VGC_COMPILE_CACHE_SAVE_FORMAT`, else `binary`.", _optional(_enum(CompileCacheSaveFormat)), in_hash=False)
+    cudagraph_mm_encoder: bool = _field(
+        "Capture CUDA graphs for a multimodal model's vision encoder.",
+        _bool, in_hash=False, built=False, default=False)
+    encoder_cudagraph_token_budgets: list[int] = _field(
+        "Encoder CUDA graphs: the token counts to capture at.",
+        _sorted_ints(1), in_hash=False, built=False, factory=list)
+    encoder_cudagraph_max_vision_items_per_batch: int = _field(
+        "Encoder CUDA graphs: the most images or videos in one captured batch.",
+        _int_at_least(0), in_hash=False, built=False, default=0)
+    encoder_cudagraph_max_frames_per_batch: int | None = _field(
+        "Encoder CUDA graphs: the most video frames in one captured batch.",
+        _int_at_least(0, none_ok=True), in_hash=False, built=False)
+    debug: bool = _field(
+        "CUDA graphs with `vgc.compile`: rerun the first call at each padded size, and one call in 100 after it, "
+        "without graphs and raise if the replay differs.", _bool, in_hash=False, default=False)
 
     def __post_init__(self):
-        if self.splitting_ops is None:
-            self.splitting_ops = _default_splitting_ops()
-        self.splitting_ops = [_check_op_name(op) for op in _as_list(self.splitting_ops, "splitting_ops")]
-        self.compile_sizes = sorted(set(_positive_ints(self.compile_sizes, "compile_sizes")))
-        for name in ("inductor_compile_config", "compile_sizes_inductor_config"):
-            _check_inductor_options(name, getattr(self, name))
-        if self.cudagraph_mode is not None:
-            self.cudagraph_mode = parse_enum(CUDAGraphMode, self.cudagraph_mode, "cudagraph_mode")
-        if isinstance(self.max_cudagraph_capture_size, bool) or not isinstance(self.max_cudagraph_capture_size, int) \
-                or self.max_cudagraph_capture_size < 1:
-            raise ValueError(f"max_cudagraph_capture_size must be a positive int, got {self.max_cudagraph_capture_size!r}")
-        if self.cudagraph_capture_sizes is not None:
-            self.cudagraph_capture_sizes = sorted(set(_positive_ints(self.cudagraph_capture_sizes,
-                                                                     "cudagraph_capture_sizes")))
-        if isinstance(self.dynamic_shapes_config, (str, DynamicShapesType)):
-            self.dynamic_shapes_config = DynamicShapesConfig(type=self.dynamic_shapes_config)
-        elif isinstance(self.dynamic_shapes_config, dict):
-            self.dynamic_shapes_config = DynamicShapesConfig(**self.dynamic_shapes_config)
-        elif not isinstance(self.dynamic_shapes_config, DynamicShapesConfig):
-            raise ValueError("dynamic_shapes_config must be a DynamicShapesConfig, a dict or one of "
-                             f"'backed', 'unbacked', 'backed_size_oblivious', got {self.dynamic_shapes_config!r}")
-        if self.cache_dir is not None and not isinstance(self.cache_dir, str):
-            raise ValueError(f"cache_dir must be a path string or None, got {self.cache_dir!r}")
-        if self.compile_cache_save_format is not None:
-            self.compile_cache_save_format = parse_enum(
-                CompileCacheSaveFormat, self.compile_cache_save_format, "compile_cache_save_format")
-        if not isinstance(self.cudagraph_mm_encoder, bool):
-            raise ValueError(f"cudagraph_mm_encoder must be True or False, got {self.cudagraph_mm_encoder!r}")
-        self.encoder_cudagraph_token_budgets = sorted(set(_positive_ints(
-            self.encoder_cudagraph_token_budgets, "encoder_cudagraph_token_budgets")))
-        items = self.encoder_cudagraph_max_vision_items_per_batch
-        if isinstance(items, bool) or not isinstance(items, int) or items < 0:
-            raise ValueError(f"encoder_cudagraph_max_vision_items_per_batch must be an int >= 0, got {items!r}")
-        frames = self.encoder_cudagraph_max_frames_per_batch
-        if frames is not None and (isinstance(frames, bool) or not isinstance(frames, int) or frames < 0):
-            raise ValueError(f"encoder_cudagraph_max_frames_per_batch must be None or an int >= 0, got {frames!r}")
-        self._warn_unbuilt()
-
-    # Encoder graphs are not built yet: say so instead of silently ignoring the setting.
-    def _warn_unbuilt(self):
-        unbuilt = {
-            "cudagraph_mm_encoder": self.cudagraph_mm_encoder,
-            "encoder_cudagraph_token_budgets": bool(self.encoder_cudagraph_token_budgets),
-            "encoder_cudagraph_max_vision_items_per_batch": bool(self.encoder_cudagraph_max_vision_items_per_batch),
-            "encoder_cudagraph_max_frames_per_batch": self.encoder_cudagraph_max_frames_per_batch is not None,
-        }
-        for name, is_set in unbuilt.items():
-            if is_set:
-                logger.warning("vgc: %s is accepted but has no effect yet (encoder CUDA graphs are not built)", name)
+        fields = dataclasses.fields(self)
+        for f in fields:
+            setattr(self, f.name, _spec(f).check(getattr(self, f.name), f.name))
+        # Warn only once the whole config is known to be valid.
+        for f in fields:
+            if not _spec(f).built and getattr(self, f.name) != _default(f):
+                logger.warning("vgc: %s is accepted but has no effect yet (encoder CUDA graphs are not built)", f.name)
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> "CompilationConfig":
@@ -163,11 +270,7 @@ class CompilationConfig:
         return sorted({s for s in (1, 2, 4) if s <= cap} | set(range(8, cap + 1, 8)))
 
     def hash_factors(self) -> dict[str, Any]:
-        factors = {}
-        for f in dataclasses.fields(self):
-            if f.name not in _NOT_IN_HASH:
-                factors[f.name] = _normalize(getattr(self, f.name))
-        return factors
+        return {f.name: _normalize(getattr(self, f.name)) for f in dataclasses.fields(self) if _spec(f).in_hash}
 
     def compute_hash(self) -> str:
         """Hash of the fields that change generated code (not where or whether it is cached)."""
@@ -191,33 +294,16 @@ def _normalize(value: Any) -> Any:
     return value
 
 
-def _as_list(value: Any, what: str) -> list:
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    raise ValueError(f"{what} must be a list, got {type(value).__name__} {value!r}")
+def config_fields_markdown() -> str:
+    """The field table of docs/config.md, generated from the declarations above."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
 
+    rows = ["| field | type | default | in cache hash | built | what it does |",
+            "|---|---|---|---|---|---|"]
+    for f in dataclasses.fields(CompilationConfig):
+        spec = _spec(f)
+        rows.append(f"| `{f.name}` | `{cell(str(f.type))}` | `{cell(repr(_normalize(_default(f))))}` | "
+                    f"{'yes' if spec.in_hash else 'no'} | {'yes' if spec.built else '**no**'} | {cell(spec.doc)} |")
+    return "\n".join(rows) + "\n"
 
-def _positive_ints(value: Any, what: str) -> list[int]:
-    values = _as_list(value, what)
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{what} must be positive ints, got {v!r}")
-    return values
-
-
-def _check_op_name(op: Any) -> str:
-    if not isinstance(op, str) or "::" not in op or op.startswith("::") or op.endswith("::"):
-        raise ValueError(f"splitting_ops entries must be operator names like 'vgc::attention' or "
-                         f"'aten::scaled_dot_product_attention', got {op!r}")
-    return op
-
-
-def _check_inductor_options(name: str, options: Any) -> None:
-    import torch._inductor.config as inductor_config
-
-    if not isinstance(options, dict):
-        raise ValueError(f"{name} must be a dict of Inductor options, got {type(options).__name__}")
-    known = set(inductor_config.get_config_copy())
-    for key in options:
-        if key not in known:
-            raise ValueError(f"{name}: unknown Inductor option {key!r} (see torch._inductor.list_options())")
