@@ -106,7 +106,7 @@ def main() -> None:
 
     for variant in args.variants.split(","):
         extra = VARIANTS[variant]
-        torch._dynamo.reset()
+        torch.compiler.reset()
         try:
             vgc.CompilationConfig(**extra)
         except ValueError as e:   # an Inductor option this torch lacks
@@ -124,7 +124,7 @@ def main() -> None:
               f"{step_ms(lambda **_: graph.replay(), {}):.3f} ms")
         kernel_table(compiled, batch)
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     config = vgc.CompilationConfig(cudagraph_mode="piecewise", cudagraph_capture_sizes=[1, 8])
     compiled = vgc.compile(model, config=config, pad_values=llama.PAD_VALUES)
     compiled.warmup(prefill)

@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import vgc  # noqa: E402
+from vgc.models import llama  # noqa: E402
 
 # fp32 on CPU: Inductor reorders reductions and fuses ops, so results differ from eager by rounding only.
 FP32_TOL = dict(atol=2e-5, rtol=2e-5)
@@ -39,3 +40,41 @@ def fresh_counters():
 @pytest.fixture
 def no_cache(monkeypatch):
     monkeypatch.setenv("VGC_DISABLE_COMPILE_CACHE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """(cfg, model): the tiny reference decoder, built once. Tests only call it: its KV caches live in
+    `make_batch`'s dict, not in the model, so no test changes what the next one sees."""
+    cfg = llama.tiny_config()
+    return cfg, llama.Llama(cfg)
+
+
+@pytest.fixture
+def dynamo_counters():
+    """Dynamo's own counters, cleared: `dynamo_counters["stats"]["unique_graphs"]` counts the graphs it made."""
+    # torch._dynamo.utils.counters is private torch API with no public equivalent: the tests read it here only.
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    return counters
+
+
+def assert_matches_eager(cfg, model, compiled, sizes, kinds=("prefill", "decode")):
+    """The compiled tiny decoder gives eager's outputs for every kind of batch and number of tokens."""
+    with torch.no_grad():
+        for kind in kinds:
+            for n in sizes:
+                eager = model(**llama.make_batch(cfg, n, kind))
+                out = compiled(**llama.make_batch(cfg, n, kind))
+                torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{kind} T={n}")
+
+
+def hf_llama(num_hidden_layers):
+    """An unmodified Hugging Face Llama with SDPA attention and seeded random weights."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=num_hidden_layers, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.LlamaModel(config).eval()

@@ -14,24 +14,12 @@ import torch.nn.functional as F
 
 import vgc
 from vgc.models import llama
-from conftest import FP32_TOL
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    cfg = llama.tiny_config()
-    return cfg, llama.Llama(cfg)
+from conftest import FP32_TOL, assert_matches_eager
 
 
 def test_dropin_tiny_decoder_equals_eager(tiny, fresh_counters):
     cfg, model = tiny
-    compiled = torch.compile(model, backend="vgc")
-    with torch.no_grad():
-        for kind in ("prefill", "decode"):
-            for num_tokens in (1, 3, 17, 64):
-                eager = model(**llama.make_batch(cfg, num_tokens, kind))
-                out = compiled(**llama.make_batch(cfg, num_tokens, kind))
-                torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{kind} T={num_tokens}")
+    assert_matches_eager(cfg, model, torch.compile(model, backend="vgc"), sizes=(1, 3, 17, 64))
     assert fresh_counters.dynamo_traces >= 1
     assert fresh_counters.inductor_compiles >= 3
 

@@ -80,10 +80,9 @@ class _CountCopies(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_llama_pad_values_make_padding_inert():
+def test_llama_pad_values_make_padding_inert(tiny):
     """Padded tokens write no KV and padded sequences are empty: the real tokens' outputs do not change."""
-    cfg = llama.tiny_config()
-    model = llama.Llama(cfg)
+    cfg, model = tiny
     batch = llama.make_batch(cfg, 5, "decode")
     padded = {}
     for name, value in batch.items():
@@ -103,9 +102,8 @@ def test_llama_pad_values_make_padding_inert():
 
 
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
-def test_graph_mode_without_cuda_warns_and_runs_without_graphs(mode, caplog, fresh_counters, no_cache):
-    cfg = llama.tiny_config()
-    model = llama.Llama(cfg)
+def test_graph_mode_without_cuda_warns_and_runs_without_graphs(mode, tiny, caplog, fresh_counters, no_cache):
+    cfg, model = tiny
     compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode), pad_values=llama.PAD_VALUES)
     with caplog.at_level(logging.WARNING, logger="vgc"):
         report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode"))
@@ -117,10 +115,10 @@ def test_graph_mode_without_cuda_warns_and_runs_without_graphs(mode, caplog, fre
     assert fresh_counters.cudagraph_captures == 0 and fresh_counters.cudagraph_replays == 0
 
 
-def test_full_and_piecewise_needs_a_uniform_decode_predicate():
+def test_full_and_piecewise_needs_a_uniform_decode_predicate(tiny):
+    _, model = tiny
     with pytest.raises(ValueError, match="uniform_decode"):
-        vgc.compile(llama.Llama(llama.tiny_config()),
-                    config=vgc.CompilationConfig(cudagraph_mode="full_and_piecewise"))
+        vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="full_and_piecewise"))
 
 
 def test_cudagraph_settings_share_one_cache_entry():
@@ -148,11 +146,12 @@ def _dispatcher(pad_values, calls):
         calls.append({k: v.clone() for k, v in arguments.items()})
         return arguments["x"][:, None] * 2
 
+    runtime = GraphRuntime([4, 8], capture_on_demand=False, counters=vgc.counters)
+    traced = {"x": torch.zeros(16), "offsets": torch.zeros(17, dtype=torch.long)}
     dispatcher = GraphDispatcher(call, vgc.CUDAGraphMode.PIECEWISE, [4, 8], {"x": 0, "offsets": 0}, pad_values,
-                                 None, GraphRuntime([4, 8]), size_arg="x")
+                                 None, runtime, traced_arguments=traced, traced_output=torch.zeros(16, 1))
     dispatcher.static.reserve("x", torch.zeros(8), 0, 8)
     dispatcher.static.reserve("offsets", torch.zeros(9, dtype=torch.long), 0, 8)
-    dispatcher.trace_outputs = ([torch.Size([16, 1])], 16)
     dispatcher.learn_output_dims(torch.zeros(8, 1), 8)
     return dispatcher
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import vgc
-from conftest import FP32_TOL
+from conftest import FP32_TOL, hf_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -12,11 +12,7 @@ SDPA_SPLIT = vgc.CompilationConfig(splitting_ops=["aten::scaled_dot_product_atte
 
 
 def _llama():
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      attn_implementation="sdpa")
-    torch.manual_seed(0)
-    return transformers.LlamaModel(config).eval()
+    return hf_llama(num_hidden_layers=3)
 
 
 def _gpt2():
@@ -51,20 +47,13 @@ def test_hf_model_dropin_split_at_sdpa(build, fresh_counters, no_cache):
     assert len(graph.unique_keys) <= 3
 
 
-def test_hf_llama_traced_once_over_sequence_lengths(fresh_counters, dynamo_counters_cleared, no_cache):
+def test_hf_llama_traced_once_over_sequence_lengths(fresh_counters, dynamo_counters, no_cache):
     model = LastHidden(_llama())
     compiled = vgc.compile(model, config=SDPA_SPLIT, dynamic_arg_dims={"input_ids": 1})
     compiled.warmup(lambda n: (torch.randint(0, 128, (2, n)),))
-    compiles = fresh_counters.inductor_compiles
-    with torch.no_grad():
+    with fresh_counters.expect(inductor_compiles=0), torch.no_grad():
         for n in (1, 2, 5, 16, 33):
             ids = torch.randint(0, 128, (2, n))
             torch.testing.assert_close(compiled(ids), model(ids), **FP32_TOL)
-    assert fresh_counters.dynamo_traces == 1 and fresh_counters.inductor_compiles == compiles
-    assert dynamo_counters_cleared["stats"]["unique_graphs"] == 1
-
-
-@pytest.fixture
-def dynamo_counters_cleared():
-    torch._dynamo.utils.counters.clear()
-    return torch._dynamo.utils.counters
+    assert fresh_counters.dynamo_traces == 1
+    assert dynamo_counters["stats"]["unique_graphs"] == 1

@@ -15,13 +15,13 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def cfg():
-    return llama.tiny_config()
+def cfg(tiny):
+    return tiny[0]
 
 
 @pytest.fixture(scope="module")
-def model(cfg):
-    return llama.Llama(cfg).eval()
+def model(tiny):
+    return tiny[1]
 
 
 @pytest.mark.parametrize("kind", ["prefill", "decode"])

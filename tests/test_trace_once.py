@@ -8,30 +8,9 @@ import torch.nn as nn
 
 import vgc
 from vgc.models import llama
-from conftest import FP32_TOL
+from conftest import FP32_TOL, assert_matches_eager
 
 SIZES = (1, 2, 3, 8, 64, 100)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    cfg = llama.tiny_config()
-    return cfg, llama.Llama(cfg)
-
-
-@pytest.fixture
-def dynamo_counters():
-    torch._dynamo.utils.counters.clear()
-    return torch._dynamo.utils.counters
-
-
-def _check_sizes(cfg, model, compiled, sizes=SIZES):
-    with torch.no_grad():
-        for kind in ("prefill", "decode"):
-            for n in sizes:
-                eager = model(**llama.make_batch(cfg, n, kind))
-                out = compiled(**llama.make_batch(cfg, n, kind))
-                torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{kind} T={n}")
 
 
 @pytest.mark.parametrize("mode", ["backed", "unbacked", "backed_size_oblivious"])
@@ -40,10 +19,9 @@ def test_one_trace_and_no_compile_after_warmup(mode, tiny, fresh_counters, dynam
     compiled = vgc.compile(model, config=vgc.CompilationConfig(dynamic_shapes_config=mode))
     report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
     assert report["warmed_up"] and report["pieces"] == 5 and report["artifacts_compiled"] >= 3
-    compiles_at_warmup = fresh_counters.inductor_compiles
-    _check_sizes(cfg, model, compiled)
+    with fresh_counters.expect(inductor_compiles=0):
+        assert_matches_eager(cfg, model, compiled, SIZES)
     assert fresh_counters.dynamo_traces == 1
-    assert fresh_counters.inductor_compiles == compiles_at_warmup
     assert dynamo_counters["stats"]["unique_graphs"] == 1
     assert compiled.stats()["dynamic_dims"]["input_ids"] == [0]
 
@@ -52,7 +30,7 @@ def test_unbacked_warmup_at_size_1_does_not_specialise(tiny, fresh_counters, dyn
     cfg, model = tiny
     compiled = vgc.compile(model, config=vgc.CompilationConfig(dynamic_shapes_config="unbacked"))
     compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode"), trace_size=1)
-    _check_sizes(cfg, model, compiled, sizes=(2, 3, 17, 100))
+    assert_matches_eager(cfg, model, compiled, sizes=(2, 3, 17, 100))
     assert fresh_counters.dynamo_traces == 1
     assert dynamo_counters["stats"]["unique_graphs"] == 1
 
@@ -75,32 +53,30 @@ def test_compile_sizes_dispatch_to_static_artifacts(tiny, fresh_counters, no_cac
     pieces = len(graph.compiled)
     with torch.no_grad():
         for n, static, dynamic in ((8, pieces, 0), (9, 0, pieces)):
-            fresh_counters.static_dispatches = fresh_counters.dynamic_dispatches = 0
-            out = compiled(**llama.make_batch(cfg, n, "decode"))
+            with fresh_counters.expect(static_dispatches=static, dynamic_dispatches=dynamic):
+                out = compiled(**llama.make_batch(cfg, n, "decode"))
             torch.testing.assert_close(out, model(**llama.make_batch(cfg, n, "decode")), **FP32_TOL)
-            assert (fresh_counters.static_dispatches, fresh_counters.dynamic_dispatches) == (static, dynamic)
 
 
 def test_mismatched_inputs_raise_clear_errors_without_recompiling(tiny, fresh_counters, no_cache):
     cfg, model = tiny
     compiled = vgc.compile(model)
     compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
-    traces, compiles = fresh_counters.dynamo_traces, fresh_counters.inductor_compiles
     batch = llama.make_batch(cfg, 4, "decode")
-    with pytest.raises(vgc.InputMismatchError, match="'input_ids'.*dtype torch.int32"):
-        compiled(**{**batch, "input_ids": batch["input_ids"].int()})
-    with pytest.raises(vgc.InputMismatchError, match="'positions'.*device meta"):
-        compiled(**{**batch, "positions": batch["positions"].to("meta")})
-    with pytest.raises(vgc.InputMismatchError, match="'input_ids'.*rank 2"):
-        compiled(**{**batch, "input_ids": batch["input_ids"][None]})
-    with pytest.raises(vgc.InputMismatchError, match=r"input_ids.size\(0\) == positions.size\(0\)"):
-        compiled(**{**batch, "positions": batch["positions"][:3]})
-    with pytest.raises(vgc.InputMismatchError, match="'kv_caches'"):
-        compiled(**{**batch, "kv_caches": batch["kv_caches"][:1]})
-    strided = torch.stack([batch["positions"], batch["positions"]], dim=1)[:, 0]
-    with pytest.raises(vgc.InputMismatchError, match="'positions'.*contiguous"):
-        compiled(**{**batch, "positions": strided})
-    assert (fresh_counters.dynamo_traces, fresh_counters.inductor_compiles) == (traces, compiles)
+    with fresh_counters.expect(dynamo_traces=0, inductor_compiles=0):
+        with pytest.raises(vgc.InputMismatchError, match="'input_ids'.*dtype torch.int32"):
+            compiled(**{**batch, "input_ids": batch["input_ids"].int()})
+        with pytest.raises(vgc.InputMismatchError, match="'positions'.*device meta"):
+            compiled(**{**batch, "positions": batch["positions"].to("meta")})
+        with pytest.raises(vgc.InputMismatchError, match="'input_ids'.*rank 2"):
+            compiled(**{**batch, "input_ids": batch["input_ids"][None]})
+        with pytest.raises(vgc.InputMismatchError, match=r"input_ids.size\(0\) == positions.size\(0\)"):
+            compiled(**{**batch, "positions": batch["positions"][:3]})
+        with pytest.raises(vgc.InputMismatchError, match="'kv_caches'"):
+            compiled(**{**batch, "kv_caches": batch["kv_caches"][:1]})
+        strided = torch.stack([batch["positions"], batch["positions"]], dim=1)[:, 0]
+        with pytest.raises(vgc.InputMismatchError, match="'positions'.*contiguous"):
+            compiled(**{**batch, "positions": strided})
 
 
 def test_runs_without_autograd_whatever_the_grad_mode(tiny, no_cache):

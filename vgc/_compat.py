@@ -1,19 +1,22 @@
-"""Every use of a torch internal whose spelling differs between torch 2.11 and 2.14 lives here."""
+"""Every private torch API vgc uses lives here, and nothing else.
+
+"Private" means anything under a `torch._*` module, a `_`-prefixed name, an undocumented attribute (a SymInt's
+`.node`, a ShapeEnv's guards, Dynamo's node metadata), or a public API whose spelling differs between the torch
+versions vgc supports (2.11 to 2.15). Torch may move any of these in a release; keeping them in one module makes
+that release one file to adapt, and lets the rest of vgc read as plain public torch.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import inspect
-import logging
+import re
 from typing import Any, Callable
 
+import sympy
 import torch
 import torch.fx as fx
-
-logger = logging.getLogger("vgc")
-
-TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
 @functools.cache
@@ -24,9 +27,11 @@ def _accepts(fn: Callable, name: str) -> bool:
         return False
 
 
-# ---- splitting -------------------------------------------------------------------------------------------------
+# ---- FX graphs ---------------------------------------------------------------------------------------------------
 
 def split_module(gm: fx.GraphModule, partition: dict[fx.Node, int]) -> fx.GraphModule:
+    """`gm` split into one submodule per partition id, in the original node order. Public, but its keywords
+    differ between torch versions."""
     from torch.fx.passes.split_module import split_module as _split
 
     kwargs = {"keep_original_order": True}
@@ -36,10 +41,101 @@ def split_module(gm: fx.GraphModule, partition: dict[fx.Node, int]) -> fx.GraphM
     return _split(gm, None, lambda node: partition[node], **kwargs)
 
 
-# ---- Inductor --------------------------------------------------------------------------------------------------
+def graph_returns_tuple(gm: fx.GraphModule) -> bool:
+    """Whether a graph's compiled code returns a sequence of outputs rather than a single value.
+
+    True when the output is a tuple or list, and also when it is one node of a multi-output operator (such a
+    graph's single output is already a tuple of tensors). Inductor's own test, private to `compile_fx`.
+    """
+    from torch._inductor.compile_fx import graph_returns_tuple as _graph_returns_tuple
+
+    return _graph_returns_tuple(gm)
+
+
+def qualified_name(target: Callable) -> str | None:
+    """The dotted name FX gives a callable in generated code ("torch.nn.functional.relu"), or None for one it
+    cannot name (a lambda without source, a partial). FX's `_get_qualified_name` is private and raises there."""
+    from torch.fx.node import _get_qualified_name
+
+    try:
+        return _get_qualified_name(target)
+    except Exception:
+        return None
+
+
+def operator_names(target) -> tuple[str, ...]:
+    """The names a torch operator answers to: ("ns::op",) for an overload packet, ("ns::op", "ns::op.overload")
+    for one overload, () for anything that is not a torch operator. The operator classes live in `torch._ops`."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return (target._qualified_op_name,)
+    if isinstance(target, torch._ops.OpOverload):
+        base = target._schema.name
+        return (base, f"{base}.{target._overloadname}")
+    return ()
+
+
+def op_schema(target) -> torch.FunctionSchema | None:
+    """The schema of one operator overload (which arguments it writes, what it returns); None for anything else,
+    an overload packet included (its overload is only chosen per call). Read from the private `_schema`."""
+    return target._schema if isinstance(target, torch._ops.OpOverload) else None
+
+
+def traced_value(node: fx.Node):
+    """The (fake) value Dynamo recorded for a node while tracing, or None (a graph not traced by Dynamo). Dynamo
+    keeps it under an undocumented metadata key."""
+    return node.meta.get("example_value")
+
+
+def set_traced_value(node: fx.Node, value) -> None:
+    """Record `value` as a node's traced value, for a node vgc adds to a Dynamo graph (see `traced_value`)."""
+    node.meta["example_value"] = value
+
+
+# ---- symbolic sizes ----------------------------------------------------------------------------------------------
+
+def symbolic_expr(value: torch.SymInt) -> sympy.Expr:
+    """The sympy expression behind a SymInt, in the ShapeEnv's canonical symbols: sizes Dynamo proved equal are
+    one symbol. Read from the SymInt's node, which is no public API; newer torch applies the replacements when
+    reading `.expr`, older torch does not, and applying them twice changes nothing."""
+    node = value.node
+    shape_env = getattr(node, "shape_env", None)
+    expr = node.expr
+    return shape_env.replace(expr) if shape_env is not None else expr
+
+
+def _shape_env(fake_mode):
+    return getattr(fake_mode, "shape_env", None) if fake_mode is not None else None
+
+
+def symbol_sources(fake_mode) -> dict[sympy.Symbol, str]:
+    """Each size symbol's first source, by name ("L['x'].size()[0]"), from the fake mode's ShapeEnv (whose
+    `var_to_sources` is undocumented); {} without a ShapeEnv."""
+    shape_env = _shape_env(fake_mode)
+    if shape_env is None:
+        return {}
+    return {symbol: source_name(sources[0]) for symbol, sources in shape_env.var_to_sources.items() if sources}
+
+
+# "if x.shape[0] > 4:  # model.py:7 in forward (_dynamo/variables/tensor.py:2606 in evaluate_expr)": the user's
+# line, then the torch frame that made the guard, which says nothing to a user.
+_TORCH_FRAME = re.compile(r"\s*\([^()]*\.py:\d+ in [^()]*\)$")
+
+
+def shape_guards(fake_mode) -> list[tuple[sympy.Basic, str]]:
+    """The shape guards recorded so far in the fake mode's ShapeEnv, in order: (expression, the user code that
+    made torch guard, or ""). A ShapeEnv's guard list and their source locations are undocumented."""
+    shape_env = _shape_env(fake_mode)
+    if shape_env is None:
+        return []
+    return [(guard.expr, _TORCH_FRAME.sub("", str(getattr(guard, "sloc", "") or "").strip()))
+            for guard in shape_env.guards]
+
+
+# ---- Inductor ----------------------------------------------------------------------------------------------------
 
 def standalone_compile(gm: fx.GraphModule, example_inputs: list, *, dynamic_shapes: str,
                        config_patches: dict[str, Any]):
+    """One Inductor compile of `gm`, as a saveable CompiledArtifact; `torch._inductor` is private."""
     from torch._inductor import standalone_compile as _standalone_compile
 
     kwargs: dict[str, Any] = {"dynamic_shapes": dynamic_shapes, "options": {"config_patches": dict(config_patches)}}
@@ -47,39 +143,62 @@ def standalone_compile(gm: fx.GraphModule, example_inputs: list, *, dynamic_shap
 
 
 def load_artifact(path: str, fmt: str):
+    """A CompiledArtifact saved by `standalone_compile`'s result, loaded (private `torch._inductor`)."""
     from torch._inductor import CompiledArtifact
 
     return CompiledArtifact.load(path=path, format=fmt)
 
 
+@functools.cache
+def inductor_option_names() -> frozenset[str]:
+    """Every Inductor config option's name, for validating user options. `torch._inductor.config` is private; its
+    names are fixed once torch is imported, so they are read once."""
+    import torch._inductor.config as inductor_config
+
+    return frozenset(inductor_config.get_config_copy())
+
+
 def inductor_config_portable() -> dict[str, Any]:
+    """Inductor's current config, without process-specific entries, for cache keys (private config module)."""
     import torch._inductor.config as inductor_config
 
     return inductor_config.save_config_portable()
 
 
 def functorch_config_portable() -> dict[str, Any]:
+    """AOTAutograd's current config, without process-specific entries, for cache keys (private config module)."""
     import torch._functorch.config as functorch_config
 
     return functorch_config.save_config_portable()
 
 
 def torch_build_key() -> str:
+    """A hash of the installed torch build, as Inductor's own cache keys it (private `codecache`)."""
     from torch._inductor.codecache import torch_key
 
     return torch_key().hex()[:32]
 
 
 def cpu_vec_isa() -> str:
+    """The CPU vector ISA Inductor generates C++ for on this machine, e.g. "avx512" (private `cpu_vec_isa`)."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     return str(pick_vec_isa())
 
 
-# ---- Dynamo ----------------------------------------------------------------------------------------------------
+# ---- Dynamo ------------------------------------------------------------------------------------------------------
 
 def detect_fake_mode(inputs: list):
+    """The FakeTensorMode Dynamo traced `inputs` under, or None outside Dynamo (private `torch._guards`)."""
     return torch._guards.detect_fake_mode(inputs)
+
+
+def device_from_inputs(example_inputs) -> torch.device:
+    """The device of a graph's first input that has one, else CPU (a graph of only Python numbers). Dynamo's
+    helper for backends, in the private `torch._dynamo.backends.common`."""
+    from torch._dynamo.backends.common import device_from_inputs as _device_from_inputs
+
+    return _device_from_inputs(example_inputs)
 
 
 def traced_code_objects() -> list:
@@ -88,31 +207,14 @@ def traced_code_objects() -> list:
     return list(getattr(context, "traced_code", None) or []) if context is not None else []
 
 
-def shape_env_of(fake_mode):
-    return getattr(fake_mode, "shape_env", None) if fake_mode is not None else None
-
-
-def size_hint(value, fallback: int | None = None) -> int:
-    """A concrete int for a SymInt (its hint), without adding a guard."""
-    if isinstance(value, int):
-        return value
-    from torch.fx.experimental import symbolic_shapes
-
-    if hasattr(symbolic_shapes, "optimization_hint"):
-        return symbolic_shapes.optimization_hint(value, fallback=fallback)
-    hint = value.node.hint
-    if hint is None:
-        if fallback is None:
-            raise ValueError(f"symbolic size {value} has no hint")
-        return fallback
-    return int(hint)
-
-
 def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Make Dynamo trace `dim` of `tensor` as a backed symbolic size; documented, but under `torch._dynamo`."""
     torch._dynamo.mark_dynamic(tensor, dim)
 
 
 def mark_unbacked(tensor: torch.Tensor, dim: int, shape_id: str | None = None) -> None:
+    """Make Dynamo trace `dim` of `tensor` as an unbacked size; dims with one `shape_id` share a symbol where
+    torch accepts `shape_id` (newer versions only)."""
     from torch._dynamo.decorators import mark_unbacked as _mark_unbacked
 
     kwargs = {}
@@ -122,16 +224,20 @@ def mark_unbacked(tensor: torch.Tensor, dim: int, shape_id: str | None = None) -
 
 
 def backed_size_oblivious(enabled: bool):
+    """A context in which backed sizes are traced size-obliviously (no 0/1 specialisation); private config."""
     if not enabled:
         return contextlib.nullcontext()
     return torch.fx.experimental._config.patch(backed_size_oblivious=True)
 
 
 def no_duck_shape():
+    """A context in which equal sizes get distinct symbols unless the code relates them; private config."""
     return torch.fx.experimental._config.patch(use_duck_shape=False)
 
 
 def skip_all_guards(guard_entries) -> list[bool]:
+    """A `guard_filter_fn` that drops every guard Dynamo can drop: public, but only in newer torch versions;
+    older ones keep every guard."""
     fn = getattr(torch.compiler, "skip_all_guards_unsafe", None)
     if fn is not None:
         return fn(guard_entries)
@@ -139,6 +245,8 @@ def skip_all_guards(guard_entries) -> list[bool]:
 
 
 def register_bytecode_hook(hook):
+    """Call `hook(code, new_code)` with Dynamo's transformed bytecode of every frame it compiles; returns a
+    removable handle. Private `convert_frame`."""
     return torch._dynamo.convert_frame.register_bytecode_hook(hook)
 
 
@@ -187,6 +295,23 @@ def through_dynamo(exc: Exception) -> Exception:
     return new
 
 
+def placeholder_source_name(node: fx.Node) -> str:
+    """Where Dynamo read a graph input from, e.g. "L['self']._modules['lin']._parameters['weight']", or "" when
+    unknown. Dynamo keeps it in the placeholder's private `grapharg` metadata."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    return source_name(source) if source is not None else ""
+
+
+def fake_inputs(fake_mode, inputs: list) -> list:
+    """`inputs` with every tensor replaced by a fake tensor of `fake_mode` (sizes stay symbolic)."""
+    return [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def save_artifact(artifact, path: str, fmt: str) -> None:
+    """Save what `standalone_compile` returned (a private `torch._inductor` CompiledArtifact)."""
+    artifact.save(path=path, format=fmt)
+
+
 def source_name(source) -> str:
     """A Dynamo `Source`'s name, e.g. "L['input_ids'].size()[0]": a method in some torch versions, a property
     in others."""
@@ -195,7 +320,8 @@ def source_name(source) -> str:
 
 
 def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA."""
+    """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA (the private
+    `torch._foreach_copy_`)."""
     torch._foreach_copy_(targets, sources)
 
 
@@ -219,9 +345,10 @@ def direct_kernel(target) -> Callable | None:
 
     if isinstance(target, torch._ops.OpOverloadPacket):
         target = getattr(target, "default", None)
-    if not isinstance(target, torch._ops.OpOverload):
+    schema = op_schema(target)
+    if schema is None:
         return None
-    opdef = custom_ops.OPDEFS.get(target._schema.name)
+    opdef = custom_ops.OPDEFS.get(schema.name)
     if opdef is None or getattr(opdef, "_init_fn", None) is None:
         return None
     overrides = (getattr(opdef, "_torch_dispatch_fns", None), getattr(opdef, "_vmap_fn", None),

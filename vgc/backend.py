@@ -15,7 +15,7 @@ from vgc.cache import debug_files
 from vgc.cache.entry import open_store
 from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, returns_tuple, unwrap_single
 from vgc.config import CompilationConfig, CUDAGraphMode
-from vgc.counters import counters
+from vgc.counters import Counters, counters
 from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.guards import snapshot_shape_guards
@@ -37,18 +37,18 @@ class GraphRecord:
     unique_keys: set[str]
     cache_dir: str | None
     computation_graph: str | None
+    counters: Counters                 # this graph's work; its parent is the model's record
     seconds: dict[str, float] = field(default_factory=dict)
-    artifacts_compiled: int = 0
-    artifacts_loaded: int = 0
     device_type: str = "cpu"
-    shape_guards: list = field(default_factory=list)   # Dynamo's shape guards, kept when guards are dropped
+    shape_guards: list = field(default_factory=list)   # Dynamo's shape guards before Inductor added its own
 
+    @property
+    def artifacts_compiled(self) -> int:
+        return self.counters.inductor_compiles
 
-def _device_type(example_inputs: list) -> str:
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            return x.device.type
-    return "cpu"
+    @property
+    def artifacts_loaded(self) -> int:
+        return self.counters.artifacts_loaded
 
 
 def _piece_example_inputs(split_gm: fx.GraphModule, example_inputs: list) -> dict[str, tuple]:
@@ -64,7 +64,7 @@ def _piece_example_inputs(split_gm: fx.GraphModule, example_inputs: list) -> dic
     if fake_mode is None:  # called outside Dynamo (e.g. directly on a GraphModule): trace with real inputs
         Recorder(split_gm).run(*example_inputs)
         return recorded
-    fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    fake_inputs = _compat.fake_inputs(fake_mode, example_inputs)
     with fake_mode:
         Recorder(split_gm).run(*fake_inputs)
     return recorded
@@ -75,9 +75,7 @@ def _module_state_arguments(split_gm: fx.GraphModule, example_inputs: list) -> d
     placeholders = [n for n in split_gm.graph.nodes if n.op == "placeholder"]
     state = {}
     for node, value in zip(placeholders, example_inputs):
-        grapharg = node.meta.get("grapharg")
-        source = getattr(grapharg, "source", None)
-        name = _compat.source_name(source) if source is not None else ""
+        name = _compat.placeholder_source_name(node)
         state[node] = isinstance(value, torch.nn.Parameter) or "_parameters[" in name or "_buffers[" in name
     return {node.target: [isinstance(a, fx.Node) and state.get(a, False) for a in node.args]
             for node in split_gm.graph.nodes if node.op == "call_module"}
@@ -117,14 +115,23 @@ def _copy_graph_outputs(forward: Callable, runtime: GraphRuntime) -> Callable:
 
 
 class VgcBackend:
-    """`torch.compile(model, backend=vgc.VgcBackend(config))`. One instance may compile several graphs."""
+    """`torch.compile(model, backend=vgc.VgcBackend(config))`. One instance may compile several graphs.
 
-    def __init__(self, config: CompilationConfig | None = None):
+    `trace_once=True` is the backend of `vgc.compile`, which drops Dynamo's guards and owns the calls. It then
+    accepts one graph only (a second request to compile is a `CompileAfterWarmupError`), warns of the size
+    assumptions Inductor adds (nothing checks them once guards are gone), leaves FULL graphs and output
+    lifetime to the caller, and captures piece graphs only inside `graph_runtime.capturing()`. Without it
+    (drop-in), Dynamo's guards stay, piece graphs capture on a size's second call and outputs are cloned out of
+    graph memory.
+    """
+
+    def __init__(self, config: CompilationConfig | None = None, *, trace_once: bool = False):
         self.config = config if config is not None else CompilationConfig()
+        self.trace_once = trace_once
         self.graphs: list[GraphRecord] = []
-        self.sealed = False   # set by vgc.compile after warm-up: compiling again is an error
-        self.record_shape_guards = False   # set by vgc.compile, which replaces dropped guards by checks
-        self.graph_runtime: GraphRuntime | None = None
+        self.counters = Counters.child_of(counters)   # this model's work; vgc.counters stays the process total
+        self.graph_runtime = GraphRuntime(self.config.resolved_capture_sizes(), debug=self.config.debug,
+                                          capture_on_demand=not trace_once, counters=self.counters)
         self._memo: dict[str, Callable] = {}   # artifact name -> compiled callable, shared by identical pieces
         self._seen_keys: set[str] = set()
 
@@ -134,74 +141,68 @@ class VgcBackend:
             if options or mode:
                 raise ValueError("pass options through CompilationConfig when using a VgcBackend instance "
                                  "(torch.compile(..., options=...) is for backend='vgc')")
-            if self.sealed:
+            if self.trace_once and self.graphs:
                 raise CompileAfterWarmupError(
-                    "vgc: Dynamo asked to trace and compile again after warmup(). With guards dropped this only "
-                    "happens when Dynamo lost the compiled code (torch._dynamo.reset(), a cache-size limit) or "
-                    "the model is called through another entry; build and warm up the CompiledModel again.")
+                    "vgc: Dynamo asked to trace and compile a model that vgc.compile already traced. With guards "
+                    "dropped this only happens when Dynamo lost the compiled code (torch._dynamo.reset(), a "
+                    "cache-size limit) or the model is called through another entry; build and warm up the "
+                    "CompiledModel again.")
             return self._compile_graph(gm, example_inputs)
         except (ValueError, CompileAfterWarmupError) as e:
             raise _compat.through_dynamo(e) from e
 
     def _compile_graph(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
-        counters.dynamo_traces += 1
-        config = self.config
-        seconds: dict[str, float] = {}
-        device_type = _device_type(example_inputs)
-        graph_runtime = self._graph_runtime_for(device_type)
-        shape_guards = snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)) \
-            if self.record_shape_guards else []
+        record = GraphRecord(pieces=[], compiled={}, unique_keys=set(), cache_dir=None, computation_graph=None,
+                             counters=Counters.child_of(self.counters),
+                             device_type=_compat.device_from_inputs(example_inputs).type,
+                             shape_guards=snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)))
+        record.counters.add(dynamo_traces=1)
+        seconds = record.seconds
+        graph_runtime = self._piece_graph_runtime(record.device_type)
 
         start = time.perf_counter()
-        store = open_store(config, device_type, _compat.traced_code_objects())
+        store = open_store(self.config, record.device_type, _compat.traced_code_objects())
         seconds["cache_key"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        split_gm, pieces = split_graph(gm, config.splitting_ops)
+        split_gm, record.pieces = split_graph(gm, self.config.splitting_ops)
         piece_inputs = _piece_example_inputs(split_gm, example_inputs)
         module_state = _module_state_arguments(split_gm, example_inputs)
         seconds["split"] = time.perf_counter() - start
 
-        record = GraphRecord(pieces=pieces, compiled={}, unique_keys=set(), cache_dir=None, computation_graph=None,
-                             device_type=device_type, shape_guards=shape_guards)
         start = time.perf_counter()
-        loaded_before, compiled_before = counters.artifacts_loaded, counters.inductor_compiles
-        for piece in pieces:
-            counters.pieces += 1
+        for piece in record.pieces:
+            record.counters.add(pieces=1, splitting_pieces=int(piece.is_splitting))
             if piece.is_splitting:
-                counters.splitting_pieces += 1
                 _call_custom_ops_directly(piece.module)
                 # Bound forward skips nn.Module.__call__: attention pieces run eagerly with no hook overhead.
                 split_gm.__dict__[piece.name] = _compat.generated_forward(piece.module)
                 continue
             if piece.name not in piece_inputs:  # dead piece (never called)
                 continue
-            compiled = self._compile_piece(piece, list(piece_inputs[piece.name]), store)
+            compiled = self._compile_piece(piece, list(piece_inputs[piece.name]), store, record.counters)
             record.compiled[piece.name] = compiled
             record.unique_keys.add(compiled.key)
             split_gm.__dict__[piece.name] = compiled if graph_runtime is None else \
                 CUDAGraphPiece(compiled, module_state[piece.name], mutated_inputs(piece.module), graph_runtime)
         seconds["compile"] = time.perf_counter() - start
-        if self.record_shape_guards:
-            _report_compiler_guards(shape_guards, example_inputs)
-        record.artifacts_loaded = counters.artifacts_loaded - loaded_before
-        record.artifacts_compiled = counters.inductor_compiles - compiled_before
-        record.seconds = seconds
+        if self.trace_once:
+            _report_compiler_guards(record.shape_guards, example_inputs)
 
         record.cache_dir = str(store.directory) if store.directory is not None else None
-        record.computation_graph = debug_files.write_computation_graph(store, split_gm, pieces)
+        record.computation_graph = debug_files.write_computation_graph(store, split_gm, record.pieces)
         debug_files.expect_transformed_code(store)
         self.graphs.append(record)
         logger.info("vgc: graph %d: %d pieces (%d unique compiled), %d compiled, %d loaded in %.2f s%s",
-                    len(self.graphs) - 1, len(pieces), len(record.unique_keys), record.artifacts_compiled,
+                    len(self.graphs) - 1, len(record.pieces), len(record.unique_keys), record.artifacts_compiled,
                     record.artifacts_loaded, seconds["compile"],
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
-        if graph_runtime is not None and not self.record_shape_guards:
+        if graph_runtime is not None and not self.trace_once:
             return _copy_graph_outputs(split_gm.forward, graph_runtime)
         return split_gm.forward
 
-    def _compile_piece(self, piece: Piece, example_inputs: list, store) -> CompiledPiece:
+    def _compile_piece(self, piece: Piece, example_inputs: list, store, record: Counters) -> CompiledPiece:
         inductor_config = self.config.inductor_compile_config
         static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
         key = piece_key(piece.module, example_inputs,
@@ -210,18 +211,19 @@ class VgcBackend:
         single = not returns_tuple(piece.module)
         if key not in self._seen_keys:
             self._seen_keys.add(key)
-            counters.unique_pieces += 1
+            record.add(unique_pieces=1)
 
         def build(size: int | None) -> Callable:
             name = f"piece-{key}-{'dynamic' if size is None else size}"
             fn = self._memo.get(name)
             if fn is None:
-                artifact = store.load_or_compile(
+                fetched = store.load_or_compile(
                     name,
                     lambda: compile_piece(piece.module, example_inputs, size=size, size_source=size_source,
                                           inductor_config=inductor_config if size is None else static_config),
                     meta={"piece": piece.name, "size": size})
-                fn = unwrap_single(artifact) if single else artifact
+                record.add(**fetched.counts)
+                fn = unwrap_single(fetched.artifact) if single else fetched.artifact
                 self._memo[name] = fn
             return fn
 
@@ -234,8 +236,8 @@ class VgcBackend:
         return CompiledPiece(piece.name, key, dynamic_fn, static_fns, size_source,
                              has_symbols=bool(free_symbols(example_inputs)))
 
-    def _graph_runtime_for(self, device_type: str) -> GraphRuntime | None:
-        """The piece-graph runtime when this graph's pieces should be captured, else None."""
+    def _piece_graph_runtime(self, device_type: str) -> GraphRuntime | None:
+        """The runtime when this graph's compiled pieces get CUDA graphs, else None."""
         mode = self.config.resolved_cudagraph_mode(device_type)
         if mode == CUDAGraphMode.NONE:
             return None
@@ -243,24 +245,21 @@ class VgcBackend:
             logger.warning("vgc: cudagraph_mode=%s needs a CUDA device; this %s model runs without CUDA graphs",
                            mode.value, device_type)
             return None
-        if not self.record_shape_guards and mode != CUDAGraphMode.PIECEWISE:
+        if not self.trace_once and mode != CUDAGraphMode.PIECEWISE:
             logger.warning("vgc: cudagraph_mode=%s: FULL graphs need vgc.compile (it pads and owns the inputs); "
                            "torch.compile(backend='vgc') captures PIECEWISE graphs only", mode.value)
-        if mode == CUDAGraphMode.FULL:
-            return None
-        if self.graph_runtime is None:
-            self.graph_runtime = GraphRuntime(self.config.resolved_capture_sizes(), debug=self.config.debug)
-        return self.graph_runtime
+        return None if mode == CUDAGraphMode.FULL else self.graph_runtime
 
     def stats(self) -> dict[str, Any]:
         return {
             "graphs": len(self.graphs),
             "pieces": sum(len(g.pieces) for g in self.graphs),
             "unique_compiled_pieces": len(set().union(*(g.unique_keys for g in self.graphs))) if self.graphs else 0,
-            "artifacts_compiled": sum(g.artifacts_compiled for g in self.graphs),
-            "artifacts_loaded": sum(g.artifacts_loaded for g in self.graphs),
+            "artifacts_compiled": self.counters.inductor_compiles,
+            "artifacts_loaded": self.counters.artifacts_loaded,
             "cache_dirs": sorted({g.cache_dir for g in self.graphs if g.cache_dir}),
             "computation_graphs": [g.computation_graph for g in self.graphs if g.computation_graph],
+            "model_counters": self.counters.as_dict(per_call=False),
         }
 
 

@@ -11,10 +11,8 @@ from typing import Any, Callable
 import sympy
 import torch
 import torch.fx as fx
-from torch.fx.node import _get_qualified_name
 
 from vgc import _compat
-from vgc.counters import counters
 
 logger = logging.getLogger("vgc")
 
@@ -22,12 +20,7 @@ logger = logging.getLogger("vgc")
 # ---- structural key ----------------------------------------------------------------------------------------------
 
 def _expr(value) -> sympy.Expr | int:
-    if isinstance(value, torch.SymInt):
-        node = value.node
-        shape_env = getattr(node, "shape_env", None)
-        expr = node.expr
-        return shape_env.replace(expr) if shape_env is not None else expr
-    return int(value)
+    return _compat.symbolic_expr(value) if isinstance(value, torch.SymInt) else int(value)
 
 
 def describe_input(value) -> str:
@@ -45,12 +38,9 @@ def _describe_target(node: fx.Node) -> str:
     target = node.target
     if isinstance(target, str):
         return target
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if _compat.operator_names(target):   # a torch operator: "aten.add.Tensor"
         return str(target)
-    try:
-        return _get_qualified_name(target)
-    except Exception:
-        return f"{type(target).__module__}.{type(target).__qualname__}"
+    return _compat.qualified_name(target) or f"{type(target).__module__}.{type(target).__qualname__}"
 
 
 def _describe_constant(value: Any) -> str:
@@ -152,15 +142,12 @@ def compile_piece(gm: fx.GraphModule, example_inputs: list, *, size: int | None,
         inputs = concrete_inputs(example_inputs, size_source.symbol, size)
         artifact = _compat.standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs",
                                               config_patches=inductor_config)
-    counters.inductor_compiles += 1
     logger.debug("vgc: Inductor compiled a piece for size %s in %.2f s", size or "dynamic",
                  time.perf_counter() - start)
     return artifact
 
 
-def returns_tuple(gm: fx.GraphModule) -> bool:
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    return isinstance(output.args[0], (tuple, list))
+returns_tuple = _compat.graph_returns_tuple   # whether to unwrap_single a piece's compiled code
 
 
 def unwrap_single(fn: Callable) -> Callable:

@@ -188,20 +188,9 @@ class SizeGuard:
 
 def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.Symbol, str]]]:
     """Dynamo's shape guards so far (before Inductor adds its own), with each symbol's source name."""
-    shape_env = getattr(fake_mode, "shape_env", None)
-    if shape_env is None:
-        return []
-    sources = {}
-    for symbol, srcs in shape_env.var_to_sources.items():
-        if srcs:
-            sources[symbol] = _compat.source_name(srcs[0])
-    out = []
-    for guard in shape_env.guards:
-        # "if x.shape[0] > 4:  # model.py:7 in forward (_dynamo/variables/tensor.py:2606 in evaluate_expr)": keep the
-        # user's line, drop torch's own frame.
-        origin = re.sub(r"\s*\([^()]*\.py:\d+ in [^()]*\)$", "", str(getattr(guard, "sloc", "") or "").strip())
-        out.append((guard.expr, origin, {s: sources.get(s, "?") for s in guard.expr.free_symbols}))
-    return out
+    sources = _compat.symbol_sources(fake_mode)
+    return [(expr, origin, {s: sources.get(s, "?") for s in expr.free_symbols})
+            for expr, origin in _compat.shape_guards(fake_mode)]
 
 
 def build_size_guards(snapshot) -> list[SizeGuard]:

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-from torch.fx.node import _get_qualified_name
 
-from vgc import _compat
+from vgc import _compat, views
 
 logger = logging.getLogger("vgc")
 
@@ -27,25 +26,16 @@ def op_names(node: fx.Node) -> tuple[str, ...]:
     """The operator names a node answers to: 'ns::op' and, for an overload, 'ns::op.overload'."""
     target = node.target
     if node.op == "call_function":
-        if isinstance(target, torch._ops.OpOverloadPacket):
-            return (target._qualified_op_name,)
-        if isinstance(target, torch._ops.OpOverload):
-            base = target._schema.name
-            return (base, f"{base}.{target._overloadname}")
+        names = _compat.operator_names(target)
+        if names:
+            return names
         # Dynamo records torch-level functions (F.scaled_dot_product_attention); they answer to their aten name.
         name = getattr(target, "__name__", None)
-        if name and _is_torch_function(target) and hasattr(torch.ops.aten, name):
+        if name and (_compat.qualified_name(target) or "").startswith("torch.") and hasattr(torch.ops.aten, name):
             return (f"aten::{name}",)
     elif node.op == "call_method" and hasattr(torch.ops.aten, str(target)):
         return (f"aten::{target}",)
     return ()
-
-
-def _is_torch_function(target) -> bool:
-    try:
-        return _get_qualified_name(target).startswith("torch.")
-    except Exception:  # builtins without a resolvable module
-        return False
 
 
 def is_splitting_node(node: fx.Node, splitting_ops: frozenset[str]) -> bool:
@@ -59,7 +49,7 @@ def decompose_size_nodes(gm: fx.GraphModule) -> None:
         is_size = (node.op == "call_method" and node.target == "size" and len(node.args) == 1 and not node.kwargs)
         if not is_size:
             continue
-        value = node.meta.get("example_value")
+        value = _compat.traced_value(node)
         if not isinstance(value, torch.Size):
             continue
         tensor = node.args[0]
@@ -68,7 +58,7 @@ def decompose_size_nodes(gm: fx.GraphModule) -> None:
             for i, d in enumerate(value):
                 if isinstance(d, torch.SymInt):
                     dim_node = graph.call_function(torch.ops.aten.sym_size.int, (tensor, i))
-                    dim_node.meta["example_value"] = d
+                    _compat.set_traced_value(dim_node, d)
                     dims.append(dim_node)
                 else:
                     dims.append(int(d))
@@ -96,10 +86,6 @@ def _replace_uses_in(user: fx.Node, node: fx.Node, replacement) -> None:
     user.kwargs = fx.node.map_aggregate(user.kwargs, substitute)
 
 
-_VIEW_FUNCTIONS = {operator.getitem, torch.select, torch.narrow}
-_VIEW_METHODS = {"select", "narrow", "view", "__getitem__"}
-
-
 def _is_basic_index(value) -> bool:
     """Indices that make a view (ints, slices, None, ...), not a copy (tensor indexing)."""
     if isinstance(value, (tuple, list)):
@@ -110,9 +96,9 @@ def _is_basic_index(value) -> bool:
 
 
 def _is_view_of(node: fx.Node, base) -> bool:
-    is_view = (node.op == "call_function" and node.target in _VIEW_FUNCTIONS) or \
-        (node.op == "call_method" and node.target in _VIEW_METHODS)
-    return is_view and node.args[0] is base and _is_basic_index((node.args[1:], tuple(node.kwargs.values())))
+    """A certain view of `base` whose other arguments are constants (a tensor index makes `base[i]` a copy)."""
+    return views.is_view(node) and node.args[0] is base and \
+        _is_basic_index((node.args[1:], tuple(node.kwargs.values())))
 
 
 def _move_input_views_to_their_splitting_piece(gm: fx.GraphModule, partition: dict, splitting_ids: set) -> None:
@@ -157,7 +143,7 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
             continue
         producer = node.args[0] if node.args else None
         if node.op == "call_function" and node.target is operator.getitem and isinstance(producer, fx.Node) \
-                and producer in partition and isinstance(producer.meta.get("example_value"), (tuple, list)):
+                and producer in partition and isinstance(_compat.traced_value(producer), (tuple, list)):
             # A whole tuple never crosses a boundary: its items stay with the node that made it.
             partition[node] = partition[producer]
             continue

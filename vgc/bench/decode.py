@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 first = False
             cells[column] = time_steps(fn, batch, args.warmup, args.steps)
         results[name] = {"ms": cells, "setup_s": setup_s, **extra}
-        torch._dynamo.reset()
+        torch.compiler.reset()
         print(f"  {name}: " + ", ".join(f"{c} {v:.3f} ms" for c, v in cells.items()), flush=True)
 
     print(f"\nvgc bench decode: {args.model} bf16 on {torch.cuda.get_device_name()}, torch {torch.__version__}; "

@@ -13,12 +13,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from filelock import FileLock
 
 from vgc import _compat
-from vgc.counters import counters
 
 logger = logging.getLogger("vgc")
 
@@ -63,6 +63,13 @@ def content_hash(path: Path) -> str:
     else:
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """An artifact and what fetching it did, in `vgc.Counters` names: the caller adds them to its model's record."""
+    artifact: Any
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def _unpacked_manifest(path: Path) -> dict[str, str]:
@@ -140,8 +147,8 @@ class ArtifactStore:
                 return f"file {rel} missing or changed"
         return None
 
-    def load(self, name: str) -> Any | None:
-        """The loaded artifact, or None (a miss). A corrupt artifact is logged, removed and counted."""
+    def load(self, name: str) -> Fetched | None:
+        """The loaded artifact, or None (a miss). A corrupt artifact is logged and removed: None, counted."""
         record = self.read_index().get(name)
         if record is None or record.get("format") != self.format:
             return None
@@ -154,20 +161,18 @@ class ArtifactStore:
             except Exception as e:  # e.g. a different torch build: the file asserts its build key
                 problem = f"load failed: {type(e).__name__}: {e}"
             else:
-                counters.artifacts_loaded += 1
                 logger.debug("vgc: loaded %s in %.3f s", path, time.perf_counter() - start)
-                return artifact
-        counters.cache_corrupt += 1
+                return Fetched(artifact, {"artifacts_loaded": 1})
         logger.warning("vgc: cache artifact %s is unusable (%s); recompiling it", path, problem)
         self._remove(path)
         self._update_index(name, None)
-        return None
+        return Fetched(None, {"cache_corrupt": 1})
 
     def save(self, name: str, artifact: Any, meta: dict[str, Any]) -> None:
         path = self.artifact_path(name)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         self._remove(tmp)
-        artifact.save(path=str(tmp), format=self.format)
+        _compat.save_artifact(artifact, str(tmp), self.format)
         if self.format == "binary":
             record = {"bytes": tmp.stat().st_size, "sha256": content_hash(tmp)}
         else:
@@ -176,7 +181,6 @@ class ArtifactStore:
         os.replace(tmp, path)  # a directory rename is atomic too: readers never see half an unpacked dir
         record.update(meta, file=path.name, format=self.format, created=time.time())
         self._update_index(name, record)
-        counters.artifacts_saved += 1
 
     @staticmethod
     def _remove(path: Path) -> None:
@@ -185,19 +189,20 @@ class ArtifactStore:
         elif path.exists():
             path.unlink()
 
-    def load_or_compile(self, name: str, compile_fn: Callable[[], Any], meta: dict[str, Any]) -> Any:
+    def load_or_compile(self, name: str, compile_fn: Callable[[], Any], meta: dict[str, Any]) -> Fetched:
         with self.artifact_lock(name):
-            artifact = self.load(name)
-            if artifact is not None:
-                counters.cache_hits += 1
-                return artifact
-            counters.cache_misses += 1
+            loaded = self.load(name)
+            if loaded is not None and loaded.artifact is not None:
+                return Fetched(loaded.artifact, {**loaded.counts, "cache_hits": 1})
+            counts = {**(loaded.counts if loaded is not None else {}), "cache_misses": 1, "inductor_compiles": 1}
             artifact = compile_fn()
             try:
                 self.save(name, artifact, meta)
             except Exception as e:  # an unsaveable graph still runs; it is compiled again next time
                 logger.warning("vgc: could not save artifact %s (%s: %s)", name, type(e).__name__, e)
-            return artifact
+            else:
+                counts["artifacts_saved"] = 1
+            return Fetched(artifact, counts)
 
 
 class NoStore:
@@ -211,5 +216,5 @@ class NoStore:
     def write_factors(self, factors: dict[str, Any]) -> None:
         return None
 
-    def load_or_compile(self, name: str, compile_fn: Callable[[], Any], meta: dict[str, Any]) -> Any:
-        return compile_fn()
+    def load_or_compile(self, name: str, compile_fn: Callable[[], Any], meta: dict[str, Any]) -> Fetched:
+        return Fetched(compile_fn(), {"inductor_compiles": 1})

@@ -39,22 +39,30 @@ class GraphStats:
 
 
 class GraphDispatcher:
+    """The CUDA graphs of one `vgc.compile` model, built right after its trace.
+
+    `call` runs the compiled model on bound arguments; `dynamic` maps each padded argument to its dynamic dim
+    (the first one is the batch size); the traced call's arguments and output tell which output dims follow
+    the batch size.
+    """
+
     def __init__(self, call: Callable[[dict], Any], mode: CUDAGraphMode, capture_sizes: list[int],
-                 dynamic: dict[str, int], pad_values: dict, uniform_decode: Callable[[dict], bool] | None,
-                 runtime: GraphRuntime, size_arg: str):
-        self.call = call                     # runs the compiled model on bound arguments
+                 dynamic: dict[str, int], pad_values: dict | None, uniform_decode: Callable[[dict], bool] | None,
+                 runtime: GraphRuntime, traced_arguments: dict, traced_output: Any):
+        self.call = call
         self.mode = mode
         self.capture_sizes = sorted(capture_sizes)
-        self.dynamic = dynamic               # argument name -> its padded dim
+        self.dynamic = dynamic
+        self.size_arg = next(iter(dynamic))
         self.static = StaticInputs(self.capture_sizes[-1], pad_values)
         self.may_pad = pad_values is not None   # without pad values only exact capture sizes replay graphs
         self.uniform_decode = uniform_decode
         self.runtime = runtime
-        self.size_arg = size_arg
         self.full: dict[int, _FullGraph] = {}
         self.stats = GraphStats()
         self._debug_calls: dict[int, int] = {}
-        self.trace_outputs: tuple[list, int] | None = None   # (output shapes, batch size) of the traced call
+        # (output shapes, batch size) of the traced call, to learn which output dims follow the batch size.
+        self.trace_outputs = ([t.shape for t in output_tensors(traced_output)], self.batch_size(traced_arguments))
         self.output_dims: list[tuple[int, ...]] | None = None
         self.use_full = mode in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
         self.use_piecewise = mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
@@ -103,7 +111,7 @@ class GraphDispatcher:
 
     def learn_output_dims(self, out, size: int) -> None:
         """Which dims of each output follow the batch size: those equal to it now and at trace time."""
-        if self.output_dims is not None or self.trace_outputs is None:
+        if self.output_dims is not None:
             return
         trace_shapes, trace_size = self.trace_outputs
         shapes = [t.shape for t in output_tensors(out)]
@@ -163,9 +171,8 @@ class GraphDispatcher:
                 self.static.reserve(name, example[name], dim, largest)
         self.runtime.mark_stable(self.static.buffers.values())
         device = next(iter(self.static.buffers.values())).device
-        self.runtime.capture_allowed = True
         start = time.perf_counter()
-        with frozen_gc():
+        with frozen_gc(), self.runtime.capturing():
             for size in tqdm(sizes, desc="vgc: capturing CUDA graphs", unit="size", leave=False,
                              disable=not logger.isEnabledFor(logging.INFO)):
                 if self.use_piecewise:
@@ -181,7 +188,6 @@ class GraphDispatcher:
                 cuda_runtime.synchronize(device)
                 self.stats.pool_bytes_after_each.append(cuda_runtime.reserved_bytes(device))
         self.stats.capture_seconds = time.perf_counter() - start
-        self.runtime.capture_allowed = False
 
     def _capture_full(self, size: int, arguments: dict, device) -> None:
         with bypass_piece_graphs():
@@ -191,7 +197,7 @@ class GraphDispatcher:
         shapes = {name: arguments[name].shape for name in self.dynamic}
         self.full[size] = _FullGraph(graph, output, self._pinned(arguments), shapes, arguments)
         self.learn_output_dims(output, size)
-        counters.cudagraph_captures += 1
+        self.runtime.counters.add(cudagraph_captures=1)
 
     def report(self) -> dict:
         return {

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
+from vgc import _compat, views
 from vgc.counters import counters
 from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import GraphRuntime, piece_graphs_bypassed
 from vgc.piecewise import CompiledPiece
 
 logger = logging.getLogger("vgc")
-
-# Ops that return a view of their first argument: an in-place op on such a view writes the base.
-_VIEW_OPS = {"view", "view_as", "reshape", "select", "narrow", "transpose", "permute", "unsqueeze", "squeeze",
-             "expand", "as_strided", "flatten", "unflatten", "t", "__getitem__", "getitem", "diagonal", "unfold"}
 
 
 @dataclass
@@ -34,8 +32,8 @@ def mutated_inputs(gm: fx.GraphModule) -> set[int]:
     placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
 
     def base_input(node):
-        while isinstance(node, fx.Node) and node not in placeholders and node.args and \
-                _name(node) in _VIEW_OPS:
+        # Any result that may share its argument's storage counts: an in-place op on it may write the base.
+        while isinstance(node, fx.Node) and node not in placeholders and node.args and views.may_be_view(node):
             node = node.args[0]
         return placeholders.get(node) if isinstance(node, fx.Node) else None
 
@@ -44,10 +42,12 @@ def mutated_inputs(gm: fx.GraphModule) -> set[int]:
         if node.op not in ("call_function", "call_method"):
             continue
         written = []
-        schema = getattr(node.target, "_schema", None)
+        schema = _compat.op_schema(node.target)
         if schema is not None:
             written = [a for a, arg in zip(node.args, schema.arguments)
                        if arg.alias_info is not None and arg.alias_info.is_write]
+        elif node.target is operator.setitem:   # `x[i] = y`, as Dynamo records it
+            written = [node.args[0]]
         elif _name(node).endswith("_") and not _name(node).startswith("__") and node.args:
             written = [node.args[0]]
         mutated.update(i for i in map(base_input, written) if i is not None)
@@ -119,7 +119,7 @@ class CUDAGraphPiece:
         graph.replay()   # capturing only records: this call's results come from the first replay
         self.entries[size] = _Entry(graph, inputs, copy_in, pinned, outputs)
         self.runtime.mark_stable(outputs if isinstance(outputs, (list, tuple)) else [outputs])
-        counters.cudagraph_captures += 1
+        self.runtime.counters.add(cudagraph_captures=1)
         logger.debug("vgc: captured %s at size %s (%d inputs copied in, %d read in place)", self.name, size,
                      len(copy_in), len(pinned))
         return outputs

@@ -8,6 +8,8 @@ import threading
 
 import torch
 
+from vgc.counters import Counters
+
 _local = threading.local()
 
 
@@ -61,16 +63,32 @@ def frozen_gc():
 
 
 class GraphRuntime:
-    """Per-model switches and records: which sizes to capture, whether capturing is still allowed, and the
-    addresses that stay valid across replays (graph outputs, vgc-owned input buffers, model weights)."""
+    """Per-model graph state: which sizes to capture, when capturing is allowed, the memory pool, the addresses
+    that stay valid across replays (graph outputs, vgc-owned input buffers, model weights) and the model's
+    counters record.
 
-    def __init__(self, capture_sizes: list[int], debug: bool = False):
+    `capture_on_demand` is the drop-in rule: a piece captures the second time it meets a capture size. Without
+    it (`vgc.compile`), pieces capture only inside `capturing()`, which warm-up opens around its capture loop.
+    """
+
+    def __init__(self, capture_sizes: list[int], *, debug: bool = False, capture_on_demand: bool,
+                 counters: Counters):
         self.capture_sizes = frozenset(capture_sizes)
-        self.capture_allowed = True
+        self.capture_allowed = capture_on_demand
         self.stable_ptrs: set[int] = set()
         self.debug = debug
+        self.counters = counters
         self.pieces: list = []   # the CUDAGraphPiece wrappers, for statistics
         self._pool = None
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """Capture is allowed inside this block only (unless it was allowed on demand anyway)."""
+        was_allowed, self.capture_allowed = self.capture_allowed, True
+        try:
+            yield
+        finally:
+            self.capture_allowed = was_allowed
 
     def pool(self):
         """The one memory pool of this model's graphs, captured largest-first so smaller graphs reuse blocks.
