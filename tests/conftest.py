@@ -78,3 +78,15 @@ def hf_llama(num_hidden_layers):
                                       num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")
     torch.manual_seed(0)
     return transformers.LlamaModel(config).eval()
+
+
+class MLP(torch.nn.Module):
+    """A model with no attention: one compiled piece."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(32, 64)
+        self.down = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x))) + x

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import vgc
 from vgc.models import llama
-from conftest import FP32_TOL, assert_matches_eager
+from conftest import FP32_TOL, MLP, assert_matches_eager
 
 
 def test_dropin_tiny_decoder_equals_eager(tiny, fresh_counters):
@@ -53,16 +53,6 @@ def test_l_layer_decoder_gives_2l_plus_1_pieces_and_3_unique(num_layers, fresh_c
     assert fresh_counters.inductor_compiles == len(graph.unique_keys)
     middle = [graph.compiled[p.name] for p in graph.pieces if not p.is_splitting][1:-1]
     assert len({id(piece.dynamic_fn) for piece in middle}) == 1
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(32, 64)
-        self.down = nn.Linear(64, 32)
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x))) + x
 
 
 def test_model_without_attention_is_one_compiled_piece(fresh_counters, no_cache):

@@ -2,37 +2,23 @@
 
 import pytest
 import torch
-import torch.nn as nn
 
 import vgc
 from vgc.models import llama
-from conftest import FP32_TOL
+from conftest import FP32_TOL, MLP
 
 
-class TwoLayerMLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(8, 16)
-        self.down = nn.Linear(16, 8)
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
-
-
-def test_two_models_in_one_process_report_their_own_work(tmp_path, monkeypatch):
+def test_two_models_in_one_process_report_their_own_work(tiny, fresh_counters, tmp_path, monkeypatch):
     monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path))
-    cfg = llama.tiny_config()
-    decoder = llama.Llama(cfg)
-    mlp = TwoLayerMLP()
-    vgc.counters.reset()
-    torch._dynamo.reset()
+    cfg, decoder = tiny
+    mlp = MLP()
 
     with vgc.counters.delta() as total:
         first = vgc.compile(decoder)
         first.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
         after_first = first.stats()["model_counters"]
         second = vgc.compile(mlp)
-        second.warmup(lambda n: (torch.randn(n, 8),))
+        second.warmup(lambda n: (torch.randn(n, 32),))
         # the same decoder again, in the same process: every artifact comes from the cache
         third = vgc.compile(decoder)
         third.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
@@ -46,14 +32,29 @@ def test_two_models_in_one_process_report_their_own_work(tmp_path, monkeypatch):
     assert first.stats()["artifacts_compiled"] == 3 and third.stats()["artifacts_loaded"] == 3
     for name in a:   # the process total is the sum of the models' records
         assert total[name] == a[name] + b[name] + c[name], name
-    x = torch.randn(5, 8)
-    torch.testing.assert_close(second(x), mlp(x), **FP32_TOL)
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(second(x), mlp(x), **FP32_TOL)
 
 
 def test_a_second_trace_of_a_trace_once_model_is_refused(no_cache):
-    model = TwoLayerMLP()
-    compiled = vgc.compile(model)
-    compiled(torch.randn(4, 8))
+    compiled = vgc.compile(MLP())
+    compiled(torch.randn(4, 32))
     torch._dynamo.reset()   # Dynamo forgets the code: the next call would trace again, before any warm-up
     with pytest.raises(vgc.CompileAfterWarmupError, match="already traced"):
-        compiled(torch.randn(4, 8))
+        compiled(torch.randn(4, 32))
+
+
+def test_expect_names_each_counter_that_changed_otherwise():
+    process = vgc.counters.__class__()
+    model = process.child_of(process)
+    with process.expect(pieces=2, inductor_compiles=0) as changes:
+        model.add(pieces=2)
+    assert changes["pieces"] == 2 and (model.pieces, process.pieces) == (2, 2)
+    with pytest.raises(AssertionError, match="inductor_compiles changed by 1, expected 0"):
+        with process.expect(inductor_compiles=0):
+            model.add(inductor_compiles=1)
+    with pytest.raises(ValueError, match="unknown counter"):
+        with process.expect(compiles=0):
+            pass
+    assert "cudagraph_replays" not in model.as_dict(per_call=False) and "cudagraph_replays" in model.as_dict()
