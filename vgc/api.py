@@ -82,7 +82,9 @@ class CompiledModel:
                 _compat.no_duck_shape(), torch.no_grad():
             out = self._compiled(*args, **kwargs)
         total = time.perf_counter() - start
-        (graph,) = self.backend.graphs   # fullgraph=True: one Dynamo graph
+        if len(self.backend.graphs) != 1:   # fullgraph=True: Dynamo hands the backend exactly one graph
+            raise RuntimeError(f"vgc: expected one Dynamo graph from the trace, got {len(self.backend.graphs)}")
+        graph = self.backend.graphs[0]
         self.contract = InputContract(arguments, dynamic, graph.shape_guards)
         self.graphs = self._graph_dispatcher(graph.device_type, arguments, out)
         self._seconds.update(first_call=total, backend=sum(graph.seconds.values()),

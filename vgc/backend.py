@@ -26,7 +26,7 @@ logger = logging.getLogger("vgc")
 
 
 class CompileAfterWarmupError(RuntimeError):
-    """Raised when something would trace or compile after `warmup()` sealed a compiled model."""
+    """Raised when Dynamo asks a `vgc.compile` model, already traced once, to trace and compile again."""
 
 
 @dataclass

@@ -12,8 +12,8 @@ import os
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from filelock import FileLock
@@ -148,7 +148,8 @@ class ArtifactStore:
         return None
 
     def load(self, name: str) -> Fetched | None:
-        """The loaded artifact, or None (a miss). A corrupt artifact is logged and removed: None, counted."""
+        """The loaded artifact; None when there is none (a miss); an empty `Fetched` counting `cache_corrupt` when
+        the stored copy was unusable, which is logged and removed."""
         record = self.read_index().get(name)
         if record is None or record.get("format") != self.format:
             return None
