@@ -6,13 +6,16 @@ helper, and the other one where it can be reached without patching torch. Nothin
 
 import functools
 import operator
+import re
+import tokenize
+from pathlib import Path
 
 import pytest
 import torch
 import torch.fx as fx
 
+import vgc
 from vgc import _compat, views
-from vgc.compiler import returns_tuple
 from vgc.cudagraph.piece import mutated_inputs
 from vgc.split import op_names, split_graph
 
@@ -30,7 +33,6 @@ from vgc.split import op_names, split_graph
 def test_graph_returns_tuple(fn, expected):
     gm = fx.symbolic_trace(fn)
     assert _compat.graph_returns_tuple(gm) is expected
-    assert returns_tuple(gm) is expected   # backend.py's name for it
 
 
 def test_split_module_gives_one_output_pieces_tuple_outputs_where_torch_can():
@@ -261,3 +263,36 @@ def test_split_moves_only_certain_views_of_inputs_into_the_eager_piece():
     x, y = torch.randn(3), torch.randn(2, 3)
     for got, want in zip(split_gm(x, y), f(x, y)):
         torch.testing.assert_close(got, want)
+
+
+def test_in_place_operators_write_and_a_conversion_copy_does_not():
+    def f(x, y, w, v):
+        x += 1                          # operator.iadd
+        y *= 2                          # operator.imul
+        a = w.float()                   # bf16 -> fp32: a copy, writing it leaves w alone
+        a.mul_(2)
+        b = v.float()                   # already fp32: returns v itself
+        b.mul_(2)
+        return x + y + a + b
+
+    args = (torch.ones(3), torch.ones(3), torch.ones(3, dtype=torch.bfloat16), torch.ones(3))
+    seen = _trace(f, *args, dynamic=False)
+    names = seen["input_names"]
+    assert {names[i] for i in mutated_inputs(seen["gm"])} == {"L['x']", "L['y']", "L['v']"}
+
+
+_PRIVATE_TORCH = re.compile(r"\btorch(?:\.\w+)*\.(_(?!_)\w*)|from torch[\w.]* import _(?!_)")
+
+
+def test_private_torch_apis_are_used_only_in_compat():
+    """The rule of vgc/_compat.py: every private torch API vgc uses lives there (strings and comments aside)."""
+    offenders = []
+    for path in sorted(Path(vgc.__file__).parent.rglob("*.py")):
+        if path.name == "_compat.py":
+            continue
+        with open(path, "rb") as f:
+            code = [tok for tok in tokenize.tokenize(f.readline)
+                    if tok.type not in (tokenize.STRING, tokenize.COMMENT, tokenize.ENCODING)]
+        text = tokenize.untokenize(code)
+        offenders += [f"{path.name}: {m.group(0)}" for m in _PRIVATE_TORCH.finditer(text)]
+    assert offenders == []

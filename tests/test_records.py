@@ -41,7 +41,7 @@ def test_a_second_trace_of_a_trace_once_model_is_refused(no_cache):
     compiled = vgc.compile(MLP())
     compiled(torch.randn(4, 32))
     torch._dynamo.reset()   # Dynamo forgets the code: the next call would trace again, before any warm-up
-    with pytest.raises(vgc.CompileAfterWarmupError, match="already traced"):
+    with pytest.raises(vgc.CompileAfterWarmupError, match="traces once"):
         compiled(torch.randn(4, 32))
 
 

@@ -97,6 +97,24 @@ def test_anything_that_would_compile_after_warmup_raises(tiny, no_cache):
         compiled(**llama.make_batch(cfg, 5, "prefill"))
 
 
+class EqualsFour(nn.Module):
+    def forward(self, x):
+        if x.shape[0] == 4:   # specialises the dynamic dim: Dynamo rejects the trace
+            return x * 2
+        return x + 1
+
+
+def test_a_trace_dynamo_rejects_can_be_retried(no_cache):
+    compiled = vgc.compile(EqualsFour())
+    with pytest.raises(Exception, match="Constraints violated"):
+        compiled(torch.randn(4, 8))
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(compiled(x), x + 1)   # the retry traces; the rejected graph is not kept
+    assert len(compiled.backend.graphs) == 1 and compiled.stats()["model_counters"]["dynamo_traces"] == 2
+    with pytest.raises(vgc.InputMismatchError, match="x.size\\(0\\)"):
+        compiled(torch.randn(4, 8))
+
+
 class Branchy(nn.Module):
     def __init__(self):
         super().__init__()

@@ -319,6 +319,21 @@ def source_name(source) -> str:
     return str(name() if callable(name) else name)
 
 
+def tree_leaves(tree) -> list:
+    """The leaves of a nested structure of lists, tuples, dicts and registered classes, in torch's pytree order
+    (torch 2.11-2.13 have no public pytree module)."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_leaves(tree)
+
+
+def tree_map(fn: Callable, tree):
+    """`tree` with every leaf replaced by `fn(leaf)`, in the order of `tree_leaves`."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_map(fn, tree)
+
+
 def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA (the private
     `torch._foreach_copy_`)."""

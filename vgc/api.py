@@ -17,9 +17,10 @@ import torch
 from vgc import _compat
 from vgc.backend import VgcBackend
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
-from vgc.contract import DimSpec, InputContract, check_dynamic_arg_dims, mark_dynamic_dims
+from vgc.contract import DimSpec, InputContract, check_dynamic_arg_dims, mark_dynamic_dims, padded_dims
 from vgc.counters import counters
 from vgc.cudagraph.dispatch import GraphDispatcher
+from vgc.guards import argument_tensors
 
 logger = logging.getLogger("vgc")
 
@@ -75,32 +76,35 @@ class CompiledModel:
         arguments = self._bind(args, kwargs)
         mode = self.config.dynamic_shapes_config.type
         dynamic = mark_dynamic_dims(arguments, self.dynamic_arg_dims, mode)
+        tensors = [t for value in arguments.values() for _, t in argument_tensors(value)]
+        if self._graph_mode(_compat.device_from_inputs(tensors)) != CUDAGraphMode.NONE:
+            padded_dims(dynamic)   # a model CUDA graphs cannot pad fails now, not after minutes of compiling
         start = time.perf_counter()
         # Without duck sizing, equal sizes at trace time stay separate symbols: only relations the model really
         # needs (input_ids and positions broadcast together) become guards, and those are checked per call.
-        with _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS), \
-                _compat.no_duck_shape(), torch.no_grad():
+        with self.backend.tracing(), torch.no_grad(), _compat.no_duck_shape(), \
+                _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS):
             out = self._compiled(*args, **kwargs)
         total = time.perf_counter() - start
         if len(self.backend.graphs) != 1:   # fullgraph=True: Dynamo hands the backend exactly one graph
             raise RuntimeError(f"vgc: expected one Dynamo graph from the trace, got {len(self.backend.graphs)}")
         graph = self.backend.graphs[0]
-        self.contract = InputContract(arguments, dynamic, graph.shape_guards)
-        self.graphs = self._graph_dispatcher(graph.device_type, arguments, out)
+        contract = InputContract(arguments, dynamic, graph.shape_guards)
+        graph_mode, graphs = self._graph_mode(torch.device(graph.device_type)), None
+        if graph_mode != CUDAGraphMode.NONE:
+            graphs = GraphDispatcher(self._call_arguments, graph_mode, self.config.resolved_capture_sizes(),
+                                     padded_dims(dynamic), self.pad_values, self.uniform_decode,
+                                     self.backend.graph_runtime, arguments, out)
+        self.contract, self.graphs = contract, graphs   # together: a call sees a whole traced model or none
         self._seconds.update(first_call=total, backend=sum(graph.seconds.values()),
                              dynamo_trace_and_run=total - sum(graph.seconds.values()))
         logger.info("vgc: traced once, compiled %d and loaded %d artifacts in %.2f s",
                     graph.artifacts_compiled, graph.artifacts_loaded, total)
         return out
 
-    def _graph_dispatcher(self, device_type: str, arguments: dict[str, Any], traced_output) -> GraphDispatcher | None:
-        """The CUDA-graph dispatcher, when the model runs on CUDA and a graph mode is on."""
-        mode = self.config.resolved_cudagraph_mode(device_type)
-        if mode == CUDAGraphMode.NONE or device_type != "cuda":
-            return None
-        return GraphDispatcher(self._call_arguments, mode, self.config.resolved_capture_sizes(),
-                               self.contract.padded_dims(), self.pad_values, self.uniform_decode,
-                               self.backend.graph_runtime, arguments, traced_output)
+    def _graph_mode(self, device: torch.device) -> CUDAGraphMode:
+        """The CUDA-graph mode `vgc.compile` runs with on `device`: NONE off CUDA."""
+        return self.config.resolved_cudagraph_mode(device.type) if device.type == "cuda" else CUDAGraphMode.NONE
 
     # ---- warm-up ----
     def warmup(self, make_inputs: Callable[[int], Any], trace_size: int | None = None,

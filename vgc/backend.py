@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import torch.fx as fx
 from vgc import _compat
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
-from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, returns_tuple, unwrap_single
+from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
 from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
@@ -118,11 +119,11 @@ class VgcBackend:
     """`torch.compile(model, backend=vgc.VgcBackend(config))`. One instance may compile several graphs.
 
     `trace_once=True` is the backend of `vgc.compile`, which drops Dynamo's guards and owns the calls. It then
-    accepts one graph only (a second request to compile is a `CompileAfterWarmupError`), warns of the size
-    assumptions Inductor adds (nothing checks them once guards are gone), leaves FULL graphs and output
-    lifetime to the caller, and captures piece graphs only inside `graph_runtime.capturing()`. Without it
-    (drop-in), Dynamo's guards stay, piece graphs capture on a size's second call and outputs are cloned out of
-    graph memory.
+    compiles only inside `tracing()`, the scope of its owner's single trace (any other request to compile is a
+    `CompileAfterWarmupError`), warns of the size assumptions Inductor adds (nothing checks them once guards are
+    gone), leaves FULL graphs and output lifetime to the caller, and captures piece graphs only inside
+    `graph_runtime.capturing()`. Without it (drop-in), Dynamo's guards stay, piece graphs capture on a size's
+    second call and outputs are cloned out of graph memory.
     """
 
     def __init__(self, config: CompilationConfig | None = None, *, trace_once: bool = False):
@@ -130,10 +131,27 @@ class VgcBackend:
         self.trace_once = trace_once
         self.graphs: list[GraphRecord] = []
         self.counters = Counters.child_of(counters)   # this model's work; vgc.counters stays the process total
+        # Built up front, used only by graphs on CUDA with a piece-graph mode (the device is known per graph).
         self.graph_runtime = GraphRuntime(self.config.resolved_capture_sizes(), debug=self.config.debug,
                                           capture_on_demand=not trace_once, counters=self.counters)
         self._memo: dict[str, Callable] = {}   # artifact name -> compiled callable, shared by identical pieces
         self._seen_keys: set[str] = set()
+        self._tracing = False
+
+    @contextlib.contextmanager
+    def tracing(self):
+        """The scope of a trace-once model's trace: the only place it compiles.
+
+        A retried trace (the first one failed, e.g. Dynamo rejected its graph) replaces the graphs of the failed
+        one; when the retry reuses the code Dynamo kept from it, those graphs stay.
+        """
+        before, self._tracing = len(self.graphs), True
+        try:
+            yield
+        finally:
+            self._tracing = False
+            if len(self.graphs) > before:
+                del self.graphs[:before]
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list, options: dict | None = None,
                  mode: str | None = None) -> Callable:
@@ -141,12 +159,12 @@ class VgcBackend:
             if options or mode:
                 raise ValueError("pass options through CompilationConfig when using a VgcBackend instance "
                                  "(torch.compile(..., options=...) is for backend='vgc')")
-            if self.trace_once and self.graphs:
+            if self.trace_once and not self._tracing:
                 raise CompileAfterWarmupError(
-                    "vgc: Dynamo asked to trace and compile a model that vgc.compile already traced. With guards "
-                    "dropped this only happens when Dynamo lost the compiled code (torch._dynamo.reset(), a "
-                    "cache-size limit) or the model is called through another entry; build and warm up the "
-                    "CompiledModel again.")
+                    "vgc: Dynamo asked to trace and compile a vgc.compile model again; it traces once, on its first "
+                    "call, and never compiles after that, warm-up or not. With guards dropped this only happens "
+                    "when Dynamo lost the compiled code (torch._dynamo.reset(), a cache-size limit) or the model is "
+                    "called through another entry; build and warm up a new CompiledModel.")
             return self._compile_graph(gm, example_inputs)
         except (ValueError, CompileAfterWarmupError) as e:
             raise _compat.through_dynamo(e) from e
@@ -202,16 +220,16 @@ class VgcBackend:
             return _copy_graph_outputs(split_gm.forward, graph_runtime)
         return split_gm.forward
 
-    def _compile_piece(self, piece: Piece, example_inputs: list, store, record: Counters) -> CompiledPiece:
+    def _compile_piece(self, piece: Piece, example_inputs: list, store, graph_counters: Counters) -> CompiledPiece:
         inductor_config = self.config.inductor_compile_config
         static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
         key = piece_key(piece.module, example_inputs,
                         extra=repr((sorted(inductor_config.items()), sorted(static_config.items()))))
         size_source = find_size_source(example_inputs)
-        single = not returns_tuple(piece.module)
+        single = not _compat.graph_returns_tuple(piece.module)
         if key not in self._seen_keys:
             self._seen_keys.add(key)
-            record.add(unique_pieces=1)
+            graph_counters.add(unique_pieces=1)
 
         def build(size: int | None) -> Callable:
             name = f"piece-{key}-{'dynamic' if size is None else size}"
@@ -222,7 +240,7 @@ class VgcBackend:
                     lambda: compile_piece(piece.module, example_inputs, size=size, size_source=size_source,
                                           inductor_config=inductor_config if size is None else static_config),
                     meta={"piece": piece.name, "size": size})
-                record.add(**fetched.counts)
+                graph_counters.add(**fetched.counts)
                 fn = unwrap_single(fetched.artifact) if single else fetched.artifact
                 self._memo[name] = fn
             return fn

@@ -147,9 +147,6 @@ def compile_piece(gm: fx.GraphModule, example_inputs: list, *, size: int | None,
     return artifact
 
 
-returns_tuple = _compat.graph_returns_tuple   # whether to unwrap_single a piece's compiled code
-
-
 def unwrap_single(fn: Callable) -> Callable:
     """Fresh and reloaded artifacts disagree on single outputs (Tensor vs [Tensor]); always give the Tensor."""
     def call(*args):

@@ -86,6 +86,22 @@ def _mark(where: str, tensor: torch.Tensor, dims: dict[int, str | None], mode: D
         _compat.mark_dynamic(tensor, dim)
 
 
+def padded_dims(dynamic: DynamicDims) -> dict[str, int]:
+    """The one dynamic dim of each top-level tensor argument, which CUDA graphs pad up to a capture size."""
+    padded = {}
+    for name, dims in dynamic.items():
+        if not dims or "[" in name:
+            continue
+        if len(dims) > 1:
+            raise ValueError(f"CUDA graphs pad one dynamic dim per input, but {name!r} has dims {sorted(dims)}; "
+                             "mark one dim per input in dynamic_arg_dims, or use cudagraph_mode='none'")
+        padded[name] = next(iter(dims))
+    if not padded:
+        raise ValueError("CUDA graphs need at least one dynamic input to pad (see dynamic_arg_dims), or "
+                         "cudagraph_mode='none'")
+    return padded
+
+
 class InputContract:
     """What the traced graph assumes of its inputs, checked on every call instead of Dynamo's guards."""
 
@@ -104,19 +120,6 @@ class InputContract:
                 spec.check(f"argument {name!r}", value)
         for guard in self.size_guards:
             guard.check(arguments)
-
-    def padded_dims(self) -> dict[str, int]:
-        """The one dynamic dim of each top-level tensor argument, for CUDA-graph padding."""
-        padded = {}
-        for name, dims in self.dynamic.items():
-            if not dims or "[" in name:
-                continue
-            if len(dims) > 1:
-                raise ValueError(f"CUDA graphs pad one dynamic dim per input, but {name!r} has dims {sorted(dims)}")
-            padded[name] = next(iter(dims))
-        if not padded:
-            raise ValueError("CUDA graphs need at least one dynamic input to pad (see dynamic_arg_dims)")
-        return padded
 
     def report(self) -> dict[str, list[int]]:
         return {name: sorted(dims) for name, dims in self.dynamic.items() if dims}

@@ -25,8 +25,9 @@ VIEW_OPS: dict[str, bool] = {
                      "squeeze", "swapaxes", "swapdims", "t", "transpose", "unflatten", "unfold", "unsqueeze",
                      "view", "view_as", "view_as_complex", "view_as_real", "H", "mH", "mT", "T"], True),
     **dict.fromkeys(["chunk", "dsplit", "hsplit", "split", "split_with_sizes", "tensor_split", "unbind", "vsplit",
-                     "bfloat16", "contiguous", "double", "flatten", "float", "half", "ravel", "reshape",
-                     "reshape_as", "to", "type", "type_as"], False),
+                     "bfloat16", "bool", "byte", "char", "contiguous", "cpu", "cuda", "double", "flatten", "float",
+                     "half", "int", "long", "ravel", "reshape", "reshape_as", "short", "to", "type", "type_as"],
+                    False),
 }
 
 

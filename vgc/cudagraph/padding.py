@@ -17,7 +17,6 @@ import bisect
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from vgc import _compat
 
@@ -66,7 +65,7 @@ def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: 
 
 def output_tensors(out: Any) -> list[torch.Tensor]:
     """The tensors of a (nested) output, in the order `slice_outputs` visits them (pytree leaf order)."""
-    return [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
+    return [leaf for leaf in _compat.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
 
 
 def slice_outputs(outputs: Any, size: int, dims=None) -> Any:
@@ -85,7 +84,7 @@ def slice_outputs(outputs: Any, size: int, dims=None) -> Any:
 
     if isinstance(outputs, torch.Tensor):   # the common case, without the pytree walk (per call, host time)
         return cut(outputs)
-    return pytree.tree_map(cut, outputs)
+    return _compat.tree_map(cut, outputs)
 
 
 class StaticInputs:

@@ -27,13 +27,21 @@ class _Entry:
     outputs: object                   # the graph's output tensors, rewritten by every replay
 
 
+# Python's in-place operators as Dynamo records them (`x += y` is operator.iadd, `x[i] = y` operator.setitem):
+# each writes its first argument when that is a tensor.
+_IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                       operator.irshift, operator.imatmul, operator.setitem}
+
+
 def mutated_inputs(gm: fx.GraphModule) -> set[int]:
     """Positions of the piece's inputs that it writes in place (directly or through a view)."""
     placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
 
     def base_input(node):
         # Any result that may share its argument's storage counts: an in-place op on it may write the base.
-        while isinstance(node, fx.Node) and node not in placeholders and node.args and views.may_be_view(node):
+        while isinstance(node, fx.Node) and node not in placeholders and node.args and views.may_be_view(node) \
+                and not _is_conversion_copy(node):
             node = node.args[0]
         return placeholders.get(node) if isinstance(node, fx.Node) else None
 
@@ -46,12 +54,21 @@ def mutated_inputs(gm: fx.GraphModule) -> set[int]:
         if schema is not None:
             written = [a for a, arg in zip(node.args, schema.arguments)
                        if arg.alias_info is not None and arg.alias_info.is_write]
-        elif node.target is operator.setitem:   # `x[i] = y`, as Dynamo records it
-            written = [node.args[0]]
+        elif node.target in _IN_PLACE_OPERATORS or getattr(operator, _name(node).strip("_"), None) in \
+                _IN_PLACE_OPERATORS:   # also `x.__iadd__(y)`
+            written = node.args[:1]
         elif _name(node).endswith("_") and not _name(node).startswith("__") and node.args:
             written = [node.args[0]]
         mutated.update(i for i in map(base_input, written) if i is not None)
     return mutated
+
+
+def _is_conversion_copy(node: fx.Node) -> bool:
+    """A conversion (`x.float()`, `x.to(...)`) whose traced result has another dtype or device than its input is
+    a copy: writing it leaves the input alone, so the input need not be pinned."""
+    result, source = _compat.traced_value(node), _compat.traced_value(node.args[0])
+    return isinstance(result, torch.Tensor) and isinstance(source, torch.Tensor) and \
+        (result.dtype != source.dtype or result.device != source.device)
 
 
 def _name(node: fx.Node) -> str:

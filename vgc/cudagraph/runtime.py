@@ -74,21 +74,25 @@ class GraphRuntime:
     def __init__(self, capture_sizes: list[int], *, debug: bool = False, capture_on_demand: bool,
                  counters: Counters):
         self.capture_sizes = frozenset(capture_sizes)
-        self.capture_allowed = capture_on_demand
+        self._capture_allowed = capture_on_demand
         self.stable_ptrs: set[int] = set()
         self.debug = debug
         self.counters = counters
         self.pieces: list = []   # the CUDAGraphPiece wrappers, for statistics
         self._pool = None
 
+    @property
+    def capture_allowed(self) -> bool:
+        return self._capture_allowed
+
     @contextlib.contextmanager
     def capturing(self):
         """Capture is allowed inside this block only (unless it was allowed on demand anyway)."""
-        was_allowed, self.capture_allowed = self.capture_allowed, True
+        was_allowed, self._capture_allowed = self._capture_allowed, True
         try:
             yield
         finally:
-            self.capture_allowed = was_allowed
+            self._capture_allowed = was_allowed
 
     def pool(self):
         """The one memory pool of this model's graphs, captured largest-first so smaller graphs reuse blocks.
