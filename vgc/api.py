@@ -17,7 +17,8 @@ import torch
 from vgc import _compat
 from vgc.backend import VgcBackend
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
-from vgc.contract import DimSpec, InputContract, check_dynamic_arg_dims, mark_dynamic_dims, padded_dims
+from vgc.contract import (DimSpec, InputContract, argument_specs, check_dynamic_arg_dims, dynamic_dims,
+                          mark_dynamic_dims, padded_dims)
 from vgc.counters import counters
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.guards import argument_tensors
@@ -75,10 +76,12 @@ class CompiledModel:
     def _trace(self, args, kwargs):
         arguments = self._bind(args, kwargs)
         mode = self.config.dynamic_shapes_config.type
-        dynamic = mark_dynamic_dims(arguments, self.dynamic_arg_dims, mode)
+        dynamic = dynamic_dims(arguments, self.dynamic_arg_dims)
+        specs = argument_specs(arguments, dynamic)   # refuses, before any compile, what it could not check later
         tensors = [t for value in arguments.values() for _, t in argument_tensors(value)]
         if self._graph_mode(_compat.device_from_inputs(tensors)) != CUDAGraphMode.NONE:
-            padded_dims(dynamic)   # a model CUDA graphs cannot pad fails now, not after minutes of compiling
+            padded_dims(dynamic, arguments)   # a model CUDA graphs cannot pad fails now, not after compiling
+        mark_dynamic_dims(arguments, dynamic, mode)
         start = time.perf_counter()
         # Without duck sizing, equal sizes at trace time stay separate symbols: only relations the model really
         # needs (input_ids and positions broadcast together) become guards, and those are checked per call.
@@ -89,11 +92,12 @@ class CompiledModel:
         if len(self.backend.graphs) != 1:   # fullgraph=True: Dynamo hands the backend exactly one graph
             raise RuntimeError(f"vgc: expected one Dynamo graph from the trace, got {len(self.backend.graphs)}")
         graph = self.backend.graphs[0]
-        contract = InputContract(arguments, dynamic, graph.shape_guards)
+        contract = InputContract(self._signature, arguments, specs, dynamic, graph.shape_guards,
+                                 graph.compiler_guards)
         graph_mode, graphs = self._graph_mode(torch.device(graph.device_type)), None
         if graph_mode != CUDAGraphMode.NONE:
             graphs = GraphDispatcher(self._call_arguments, graph_mode, self.config.resolved_capture_sizes(),
-                                     padded_dims(dynamic), self.pad_values, self.uniform_decode,
+                                     padded_dims(dynamic, arguments), self.pad_values, self.uniform_decode,
                                      self.backend.graph_runtime, arguments, out)
         self.contract, self.graphs = contract, graphs   # together: a call sees a whole traced model or none
         self._seconds.update(first_call=total, backend=sum(graph.seconds.values()),
@@ -154,7 +158,11 @@ def compile(model: Callable, config: CompilationConfig | None = None,
             uniform_decode: Callable[[dict], bool] | None = None) -> CompiledModel:
     """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks.
 
-    `dynamic_arg_dims` maps argument names to their dynamic dims (default: dim 0 of every tensor argument).
+    `dynamic_arg_dims` maps argument names to their dynamic dims (default: dim 0 of every top-level tensor
+    argument): `{"x": 0}`, `{"x": [0, 1]}`, `{"x": {0: "tokens"}}` (a shape id); for a list, tuple, dict or
+    dataclass argument, `{"kv": 2}` marks dim 2 of every tensor in it and `{"kv": {0: 2}}`, `{"kv": {"*": 2}}`,
+    `{"meta": {"lens": 0}}` address its parts by index, key or field ("*": any). Arguments vgc cannot check on
+    each call (objects other than tensors, Python scalars and those containers) are refused at the first call.
     With CUDA graphs, `pad_values` says how to pad each input up to a capture size (a number, default 0, or
     "edge" to repeat the last entry); without it, only calls of exactly a capture size replay graphs
     and `uniform_decode(arguments) -> bool` says which calls FULL graphs serve (FULL_AND_PIECEWISE needs it).

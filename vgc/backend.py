@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from tqdm import tqdm
 
-from vgc import _compat
+from vgc import _compat, views
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
 from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
@@ -21,9 +24,15 @@ from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.guards import snapshot_shape_guards
 from vgc.piecewise import CompiledPiece
-from vgc.split import Piece, split_graph
+from vgc.split import Piece, attention_like_ops, check_splitting_ops, split_graph
 
 logger = logging.getLogger("vgc")
+
+_PROGRESS_DELAY_S = 2.0   # a graph that compiles or loads faster than this shows no bar
+
+INFERENCE_ONLY = ("vgc compiles for inference: no gradient flows back through a model compiled with vgc. Call it "
+                  "under torch.no_grad() or torch.inference_mode() (or call model.requires_grad_(False)); to train, "
+                  "use torch.compile's default backend")
 
 
 class CompileAfterWarmupError(RuntimeError):
@@ -42,6 +51,7 @@ class GraphRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     device_type: str = "cpu"
     shape_guards: list = field(default_factory=list)   # Dynamo's shape guards before Inductor added its own
+    compiler_guards: list = field(default_factory=list)   # what Inductor assumed on top (trace-once only)
 
     @property
     def artifacts_compiled(self) -> int:
@@ -96,15 +106,106 @@ def _call_custom_ops_directly(module: fx.GraphModule) -> None:
         module.recompile()
 
 
-def _report_compiler_guards(before: list, example_inputs: list) -> None:
-    """Inductor may assume more about the sizes than Dynamo did (e.g. `s0 <= 4096` to skip a precise-sum helper).
-    Those guards are dropped like Dynamo's; say which, since sizes beyond them run code compiled under them."""
+def _compiler_guards(before: list, example_inputs: list) -> list:
+    """The size assumptions Inductor added to Dynamo's while compiling (e.g. `64*s0 <= 2147483647` for 32-bit
+    indexing). Dropped with Dynamo's guards, so the trace-once contract turns them into per-call checks."""
     known = {str(expr) for expr, _, _ in before}
-    added = [(expr, sources) for expr, _, sources in snapshot_shape_guards(_compat.detect_fake_mode(example_inputs))
-             if str(expr) not in known]
-    for expr, sources in added:
-        logger.warning("vgc: Inductor compiled the symbolic-size code assuming %s (%s); larger sizes run it anyway",
-                       expr, ", ".join(f"{s}={name}" for s, name in sources.items()))
+    return [(expr, "Inductor's generated code", sources)
+            for expr, _, sources in snapshot_shape_guards(_compat.detect_fake_mode(example_inputs))
+            if str(expr) not in known]
+
+
+def _progress_disabled() -> bool | None:
+    """Whether to hide the compile bar: never with INFO on for vgc; always when vgc's logger is set quieter; with
+    default logging, unless stderr is a terminal (tqdm's None): a newcomer sees a long cold compile move, while
+    services and CI logs get no carriage-return noise."""
+    if logger.isEnabledFor(logging.INFO):
+        return False
+    return True if logger.level > logging.INFO else None
+
+
+@contextlib.contextmanager
+def _progress(total: int, desc: str):
+    """A bar over a graph's artifacts (on stderr) that appears once compiling has taken `_PROGRESS_DELAY_S`:
+    Inductor may spend many seconds in one artifact, during which the bar has nothing to update, so a thread shows
+    it then, and on a terminal keeps its clock ticking (in a log file each refresh would be another copy)."""
+    bar = tqdm(total=total, desc=desc, unit="artifact", delay=_PROGRESS_DELAY_S, leave=False,
+               disable=_progress_disabled())
+    done = threading.Event()
+    terminal = getattr(sys.stderr, "isatty", lambda: False)()
+
+    def tick():
+        if done.wait(_PROGRESS_DELAY_S):
+            return
+        bar.refresh()
+        while terminal and not done.wait(1.0):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, name="vgc-progress", daemon=True)
+    if not bar.disable:
+        ticker.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        if ticker.is_alive():
+            ticker.join()
+        bar.close()
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """Gives vgc's outputs a backward that raises `INFERENCE_ONLY`. Without it a backward through them fails with
+    torch's "does not require grad", or, when they are summed with other terms, succeeds and leaves the model's
+    parameters silently without gradients."""
+
+    @staticmethod
+    def forward(ctx, outputs: tuple, anchor: torch.Tensor):
+        # The outputs come in as a constant, not as inputs: an input returned as-is would become a view, and
+        # autograd forbids in-place writes to views made in a custom Function.
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(INFERENCE_ONLY)
+
+
+def _grad_anchor(example_inputs: list) -> int | None:
+    """With autograd on, the position of the first input that requires grad (the model's parameters are graph
+    inputs), else None. Dynamo guards on both, so the compiled graph only meets calls alike."""
+    if not torch.is_grad_enabled():
+        return None
+    return next((i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and x.requires_grad), None)
+
+
+def _aliases_input(node) -> bool:
+    """The graph returns one of its inputs, or what may be a view of one."""
+    while isinstance(node, fx.Node) and node.op != "placeholder" and views.may_be_view(node):
+        node = node.args[0]
+    return isinstance(node, fx.Node) and node.op == "placeholder"
+
+
+def _raise_on_backward(forward: Callable, gm: fx.GraphModule, anchor: int) -> Callable:
+    """`forward` run without autograd (compiled pieces record none anyway; eager pieces then record none either),
+    its outputs given `_InferenceOnly`'s backward through the anchor input, which makes them require grad, as
+    eager's would. Outputs that are inputs or their views stay untouched: the caller's tensor itself must not
+    change, and autograd would forbid in-place writes to a view that went through the Function."""
+    outputs = gm.graph.output_node().args[0]
+    if not isinstance(outputs, (tuple, list)):   # Dynamo's graphs return a tuple; a hand-made one may not
+        return forward
+    marked = [i for i, node in enumerate(outputs)
+              if isinstance(node, fx.Node) and not _aliases_input(node) and node not in outputs[:i]]
+
+    def call(*args):
+        if not torch.is_grad_enabled():
+            return forward(*args)
+        with torch.no_grad():
+            out = list(forward(*args))
+        tensors = [i for i in marked if isinstance(out[i], torch.Tensor)]
+        if tensors:
+            for i, tensor in zip(tensors, _InferenceOnly.apply(tuple(out[i] for i in tensors), args[anchor])):
+                out[i] = tensor
+        return tuple(out)
+    return call
 
 
 def _copy_graph_outputs(forward: Callable, runtime: GraphRuntime) -> Callable:
@@ -137,6 +238,7 @@ class VgcBackend:
         self._memo: dict[str, Callable] = {}   # artifact name -> compiled callable, shared by identical pieces
         self._seen_keys: set[str] = set()
         self._tracing = False
+        self._told_unsplit = False   # the "no splitting op occurs" advice is given once per model
 
     @contextlib.contextmanager
     def tracing(self):
@@ -170,6 +272,7 @@ class VgcBackend:
             raise _compat.through_dynamo(e) from e
 
     def _compile_graph(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
+        check_splitting_ops(self.config.splitting_ops, gm)
         record = GraphRecord(pieces=[], compiled={}, unique_keys=set(), cache_dir=None, computation_graph=None,
                              counters=Counters.child_of(self.counters),
                              device_type=_compat.device_from_inputs(example_inputs).type,
@@ -187,25 +290,34 @@ class VgcBackend:
         piece_inputs = _piece_example_inputs(split_gm, example_inputs)
         module_state = _module_state_arguments(split_gm, example_inputs)
         seconds["split"] = time.perf_counter() - start
+        if self.config.splitting_ops and not any(piece.is_splitting for piece in record.pieces):
+            self._explain_unsplit(gm)
 
         start = time.perf_counter()
-        for piece in record.pieces:
-            record.counters.add(pieces=1, splitting_pieces=int(piece.is_splitting))
-            if piece.is_splitting:
-                _call_custom_ops_directly(piece.module)
-                # Bound forward skips nn.Module.__call__: attention pieces run eagerly with no hook overhead.
-                split_gm.__dict__[piece.name] = _compat.generated_forward(piece.module)
-                continue
-            if piece.name not in piece_inputs:  # dead piece (never called)
-                continue
-            compiled = self._compile_piece(piece, list(piece_inputs[piece.name]), store, record.counters)
-            record.compiled[piece.name] = compiled
-            record.unique_keys.add(compiled.key)
-            split_gm.__dict__[piece.name] = compiled if graph_runtime is None else \
-                CUDAGraphPiece(compiled, module_state[piece.name], mutated_inputs(piece.module), graph_runtime)
+        artifacts = (1 + len(self.config.compile_sizes)) * \
+            sum(not piece.is_splitting and piece.name in piece_inputs for piece in record.pieces)
+        # Inference artifacts whatever the caller's grad mode: with autograd on, AOTAutograd would build a training
+        # graph that saves activations, and the memo and cache (whose keys ignore grad mode) would hand it to
+        # no_grad calls too.
+        with _progress(artifacts, f"vgc: graph {len(self.graphs)}") as progress, torch.no_grad():
+            for piece in record.pieces:
+                record.counters.add(pieces=1, splitting_pieces=int(piece.is_splitting))
+                if piece.is_splitting:
+                    _call_custom_ops_directly(piece.module)
+                    # Bound forward skips nn.Module.__call__: attention pieces run eagerly with no hook overhead.
+                    split_gm.__dict__[piece.name] = _compat.generated_forward(piece.module)
+                    continue
+                if piece.name not in piece_inputs:  # dead piece (never called)
+                    continue
+                compiled = self._compile_piece(piece, list(piece_inputs[piece.name]), store, record.counters,
+                                               progress)
+                record.compiled[piece.name] = compiled
+                record.unique_keys.add(compiled.key)
+                split_gm.__dict__[piece.name] = compiled if graph_runtime is None else \
+                    CUDAGraphPiece(compiled, module_state[piece.name], mutated_inputs(piece.module), graph_runtime)
         seconds["compile"] = time.perf_counter() - start
         if self.trace_once:
-            _report_compiler_guards(record.shape_guards, example_inputs)
+            record.compiler_guards = _compiler_guards(record.shape_guards, example_inputs)
 
         record.cache_dir = str(store.directory) if store.directory is not None else None
         record.computation_graph = debug_files.write_computation_graph(store, split_gm, record.pieces)
@@ -216,11 +328,30 @@ class VgcBackend:
                     record.artifacts_loaded, seconds["compile"],
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
+        forward = split_gm.forward
         if graph_runtime is not None and not self.trace_once:
-            return _copy_graph_outputs(split_gm.forward, graph_runtime)
-        return split_gm.forward
+            forward = _copy_graph_outputs(forward, graph_runtime)
+        anchor = _grad_anchor(example_inputs)
+        # Only graphs compiled with autograd on pay for the wrapper; vgc.compile always traces without it.
+        return forward if anchor is None else _raise_on_backward(forward, gm, anchor)
 
-    def _compile_piece(self, piece: Piece, example_inputs: list, store, graph_counters: Counters) -> CompiledPiece:
+    def _explain_unsplit(self, gm: fx.GraphModule) -> None:
+        """Say why the graph runs as one piece: none of the splitting ops occurs. A user's SDPA model or a
+        Hugging Face model calls aten's attention, not the default `vgc::attention`."""
+        found = attention_like_ops(gm)
+        if not found:   # an MLP: one piece is right
+            logger.debug("vgc: no splitting op of %s occurs in the graph, nor any attention-like op; it compiles "
+                         "as one piece", self.config.splitting_ops)
+            return
+        if self._told_unsplit:
+            return
+        self._told_unsplit = True
+        logger.info("vgc: no splitting op of %s occurs in the graph; it has %s: pass splitting_ops=%s to split there",
+                    self.config.splitting_ops, ", ".join(f"{name} (x{count})" for name, count in found.items()),
+                    list(found))
+
+    def _compile_piece(self, piece: Piece, example_inputs: list, store, graph_counters: Counters,
+                       progress: tqdm) -> CompiledPiece:
         inductor_config = self.config.inductor_compile_config
         static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
         key = piece_key(piece.module, example_inputs,
@@ -233,6 +364,8 @@ class VgcBackend:
 
         def build(size: int | None) -> Callable:
             name = f"piece-{key}-{'dynamic' if size is None else size}"
+            progress.set_postfix_str(f"{piece.name}, {'symbolic size' if size is None else f'size {size}'}",
+                                     refresh=False)
             fn = self._memo.get(name)
             if fn is None:
                 fetched = store.load_or_compile(
@@ -243,6 +376,7 @@ class VgcBackend:
                 graph_counters.add(**fetched.counts)
                 fn = unwrap_single(fetched.artifact) if single else fetched.artifact
                 self._memo[name] = fn
+            progress.update()
             return fn
 
         dynamic_fn = build(None)
@@ -251,6 +385,7 @@ class VgcBackend:
             static_fns = {size: build(size) for size in self.config.compile_sizes}
         elif self.config.compile_sizes:
             logger.debug("vgc: %s has no single symbolic size; compile_sizes do not apply to it", piece.name)
+            progress.update(len(self.config.compile_sizes))
         return CompiledPiece(piece.name, key, dynamic_fn, static_fns, size_source,
                              has_symbols=bool(free_symbols(example_inputs)))
 

@@ -1,9 +1,14 @@
-"""`vgc demo`: compile the tiny reference decoder, show its pieces, cold vs warm start, and outputs vs eager."""
+"""`vgc demo`: compile the tiny reference decoder, show its pieces, cold vs warm start, and outputs vs eager.
+
+Unless given a cache root to keep, the demo works in a temporary one (a few MB) and removes it when it ends.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,12 +49,39 @@ def _child_main(device: str) -> None:
     print(json.dumps(report, default=str))
 
 
+@contextlib.contextmanager
+def _demo_cache_root(cache_root: str | None):
+    """Yield the demo's cache root, set as `$VGC_CACHE_ROOT` for this process and the warm-start child. On exit,
+    error or not, restore the cache variables vgc set, remove a temporary root and say where a kept one is."""
+    saved = {var: os.environ.get(var) for var in ("VGC_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")}
+    root = cache_root or tempfile.mkdtemp(prefix="vgc-demo-")
+    os.environ["VGC_CACHE_ROOT"] = root
+    try:
+        yield root
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        if cache_root is None:
+            shutil.rmtree(root, ignore_errors=True)
+            print(f"\nremoved the temporary cache root {root}; use --cache-root DIR to keep the cache")
+        else:
+            print(f"\ncache kept in {root}; list it with `vgc cache ls --root {root}`")
+
+
 def main(cache_root: str | None = None, device: str | None = None) -> int:
     import torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    root = cache_root or tempfile.mkdtemp(prefix="vgc-demo-")
-    os.environ["VGC_CACHE_ROOT"] = root
+    with _demo_cache_root(cache_root) as root:
+        return _run(root, device)
+
+
+def _run(root: str, device: str) -> int:
+    import torch
+
     print(f"vgc demo: tiny Llama (2 layers) on {device}, torch {torch.__version__}; cache root {root}")
 
     import vgc

@@ -8,6 +8,7 @@ guarded on (e.g. `input_ids` and `positions` have the same length, or a model's 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import re
@@ -21,9 +22,6 @@ from vgc import _compat
 
 logger = logging.getLogger("vgc")
 
-_SIZE_SOURCE = re.compile(r"^L\['(?P<arg>\w+)'\](?:\[(?P<item>\d+)\])?\.size\(\)\[(?P<dim>\d+)\]$")
-
-
 class InputMismatchError(TypeError):
     """A call's inputs differ from the traced ones in a way the compiled graph cannot serve."""
 
@@ -35,6 +33,8 @@ class TensorSpec:
     ndim: int
     static_dims: tuple[tuple[int, int], ...]   # (dim, size) of every dim that is not dynamic
     contiguous: bool                             # compiled code indexes a contiguous input as such
+    argument: str = field(default="", compare=False)     # where the tensor is, for the fix an error suggests
+    steps: tuple = field(default=(), compare=False)
     _static_sizes: Callable = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -50,9 +50,9 @@ class TensorSpec:
         object.__setattr__(self, "_static_sizes", getter)
 
     @classmethod
-    def of(cls, tensor: torch.Tensor, dynamic_dims) -> "TensorSpec":
+    def of(cls, tensor: torch.Tensor, dynamic_dims, argument: str = "", steps: tuple = ()) -> "TensorSpec":
         static = tuple((d, s) for d, s in enumerate(tensor.shape) if d not in dynamic_dims)
-        return cls(tensor.dtype, tensor.device, tensor.dim(), static, tensor.is_contiguous())
+        return cls(tensor.dtype, tensor.device, tensor.dim(), static, tensor.is_contiguous(), argument, steps)
 
     def ok(self, t: Any) -> bool:
         return (isinstance(t, torch.Tensor) and t.dtype == self.dtype and t.device == self.device
@@ -61,7 +61,7 @@ class TensorSpec:
 
     def check(self, where: str, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
-            raise InputMismatchError(f"{where}: expected a tensor as traced, got {type(t).__name__}")
+            raise InputMismatchError(f"{where}: expected a tensor as traced, got {describe(t)}")
         if t.dtype != self.dtype:
             raise InputMismatchError(f"{where}: dtype {t.dtype} differs from the traced {self.dtype}; "
                                      "cast the input or compile a second model for this dtype")
@@ -77,16 +77,57 @@ class TensorSpec:
             if shape[dim] != size:
                 raise InputMismatchError(
                     f"{where}: size {shape[dim]} of dim {dim} differs from the traced {size}, and that dim is "
-                    f"static; add it to dynamic_arg_dims to make it dynamic")
+                    f"static; make it dynamic with {self._dynamic_dims_fix(dim)}")
+
+    def _dynamic_dims_fix(self, dim: int) -> str:
+        if not self.argument:
+            return "dynamic_arg_dims"
+        spec: Any = dim
+        for kind, key in reversed(self.steps):   # {"kv": {0: 2}} for dim 2 of kv[0]; {"meta": {"lens": 0}}
+            spec = {key: spec}
+        return f"dynamic_arg_dims={{{self.argument!r}: {spec!r}}}" + \
+            (f" (or {{{self.argument!r}: {dim}}} for dim {dim} of every tensor in it)" if self.steps else "")
 
 
-def argument_tensors(value: Any) -> list[tuple[str, torch.Tensor]]:
-    """Tensors directly in an argument, with their suffix: the tensor itself (""), or a list's items ("[i]")."""
-    if isinstance(value, torch.Tensor):
-        return [("", value)]
+# A path into an argument: item steps (`[0]`, `['k']`) and attribute steps (`.field`, for dataclasses).
+Step = tuple[str, Any]   # ("item", key) or ("attr", name)
+
+
+def render_path(steps: tuple[Step, ...]) -> str:
+    return "".join(f".{key}" if kind == "attr" else f"[{key!r}]" for kind, key in steps)
+
+
+def follow(value: Any, steps: tuple[Step, ...]) -> Any:
+    for kind, key in steps:
+        value = getattr(value, key) if kind == "attr" else value[key]
+    return value
+
+
+def children(value: Any) -> list[tuple[Step, Any]] | None:
+    """The parts of a container vgc checks per call (list, tuple, dict, dataclass); None for anything else."""
     if isinstance(value, (list, tuple)):
-        return [(f"[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
-    return []
+        return [(("item", i), v) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return [(("item", k), v) for k, v in value.items()]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [(("attr", f.name), getattr(value, f.name)) for f in dataclasses.fields(value)]
+    return None
+
+
+def argument_tensors(value: Any, steps: tuple[Step, ...] = ()) -> list[tuple[tuple[Step, ...], torch.Tensor]]:
+    """Every tensor in an argument with its path: the tensor itself (path ()), or one inside its containers."""
+    if isinstance(value, torch.Tensor):
+        return [(steps, value)]
+    parts = children(value)
+    return [found for step, child in parts for found in argument_tensors(child, steps + (step,))] if parts else []
+
+
+def describe(value: Any) -> str:
+    """A value for an error message: shape and dtype for a tensor, never its contents."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    text = repr(value)
+    return text if len(text) <= 80 else f"a {type(value).__name__}"
 
 
 _SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
@@ -102,62 +143,70 @@ class ValueSpec:
 
     def check(self, where: str, value: Any) -> None:
         if not self.ok(value):
-            raise InputMismatchError(f"{where} is {value!r} but was {self.value!r} when traced; the traced value "
-                                     "is baked into the compiled graph (compile another model for the other value)")
+            raise InputMismatchError(f"{where} is {describe(value)} but was {describe(self.value)} when traced; the "
+                                     "traced value is baked into the compiled graph (compile another model for the "
+                                     "other value)")
 
 
 @dataclass(frozen=True)
 class ContainerSpec:
-    """A list, tuple or dict (a `**kwargs` too): same type, same length or keys, and each item checked."""
+    """A list, tuple, dict (a `**kwargs` too) or dataclass: same type, same length, keys or fields, and each part
+    checked."""
     kind: type
-    keys: tuple
+    steps: tuple[Step, ...]
     items: tuple
+    _keys: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_keys", tuple(key for _, key in self.steps))   # read on every call
 
     def ok(self, value: Any) -> bool:
-        if type(value) is not self.kind or len(value) != len(self.keys):
+        if type(value) is not self.kind:
             return False
         if self.kind is dict:
-            return tuple(value) == self.keys and all(spec.ok(value[k]) for k, spec in zip(self.keys, self.items))
-        return all(spec.ok(item) for spec, item in zip(self.items, value))
+            return tuple(value) == self._keys and all(spec.ok(value[k]) for k, spec in zip(self._keys, self.items))
+        if isinstance(value, (list, tuple)):
+            return len(value) == len(self.items) and all(spec.ok(v) for spec, v in zip(self.items, value))
+        return all(spec.ok(getattr(value, k)) for k, spec in zip(self._keys, self.items))
 
     def check(self, where: str, value: Any) -> None:
         if type(value) is not self.kind:
-            raise InputMismatchError(f"{where} must be a {self.kind.__name__} as traced, got {type(value).__name__}")
-        keys = tuple(value) if isinstance(value, dict) else tuple(range(len(value)))
-        if keys != self.keys:
+            raise InputMismatchError(f"{where} must be a {self.kind.__name__} as traced, got {describe(value)}")
+        steps = tuple(step for step, _ in children(value))
+        if steps != self.steps:
+            now, then = ([k for _, k in s] for s in (steps, self.steps))
             what = "keys" if isinstance(value, dict) else "length"
-            raise InputMismatchError(f"{where}: {what} {list(keys) if what == 'keys' else len(keys)} differs from "
-                                     f"the traced {list(self.keys) if what == 'keys' else len(self.keys)}; the "
-                                     "structure of an argument is baked into the compiled graph")
-        for key, spec in zip(self.keys, self.items):
-            spec.check(f"{where}[{key!r}]", value[key])
+            raise InputMismatchError(f"{where}: {what} {now if what == 'keys' else len(now)} differs from the traced "
+                                     f"{then if what == 'keys' else len(then)}; the structure of an argument is baked "
+                                     "into the compiled graph")
+        for step, spec in zip(self.steps, self.items):
+            spec.check(where + render_path((step,)), follow(value, (step,)))
 
 
-@dataclass(frozen=True)
-class OpaqueSpec:
-    """An object vgc cannot compare per call (its attributes read while tracing are baked in)."""
-    kind: type
+def spec_of(value: Any, where: str, tensor_spec: Callable[[tuple[Step, ...], torch.Tensor], TensorSpec],
+            steps: tuple[Step, ...] = ()):
+    """How to check `value` on later calls; `tensor_spec(path, tensor)` gives each tensor's check.
 
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, self.kind)
-
-    def check(self, where: str, value: Any) -> None:
-        if not self.ok(value):
-            raise InputMismatchError(f"{where} must be a {self.kind.__name__} as traced, got {type(value).__name__}")
-
-
-def spec_of(value: Any, where: str, top_level_tensor_spec: Callable[[torch.Tensor], TensorSpec] | None = None):
-    """How to check `value` on later calls. Tensors nested in containers keep all their dims static."""
+    An object vgc cannot look into is refused: Dynamo would bake whatever the trace read from it into the graph,
+    and no per-call check could tell when a later call's object differs.
+    """
     if isinstance(value, torch.Tensor):
-        return top_level_tensor_spec(value) if top_level_tensor_spec else TensorSpec.of(value, ())
+        return tensor_spec(steps, value)
     if isinstance(value, _SCALARS):
         return ValueSpec(value)
-    if isinstance(value, (list, tuple, dict)):
-        keys = tuple(value) if isinstance(value, dict) else tuple(range(len(value)))
-        return ContainerSpec(type(value), keys, tuple(spec_of(value[k], f"{where}[{k!r}]") for k in keys))
-    logger.warning("vgc: %s (a %s) is not checked per call; whatever the trace read from it is baked into the "
-                   "compiled graph", where, type(value).__name__)
-    return OpaqueSpec(type(value))
+    parts = children(value)
+    if parts is None:
+        raise ValueError(
+            f"{where}{render_path(steps)} is a {type(value).__module__}.{type(value).__qualname__}, which "
+            "vgc.compile cannot check on each call: the trace would bake in whatever it read from it, and a later "
+            "call's object could differ silently. Pass its tensors and Python values as arguments (lists, tuples, "
+            "dicts and dataclasses of them are checked per call), or use torch.compile(model, backend='vgc'), "
+            "whose guards follow such objects (e.g. transformers' KV caches under generate()).")
+    return ContainerSpec(type(value), tuple(step for step, _ in parts),
+                         tuple(spec_of(child, where, tensor_spec, steps + (step,)) for step, child in parts))
+
+
+SizeLocation = tuple[str, tuple[Step, ...], int]   # (argument, path inside it, dim)
 
 
 @dataclass
@@ -165,25 +214,43 @@ class SizeGuard:
     """One relation between dynamic sizes that the traced graph relies on."""
     text: str                                  # e.g. "input_ids.size(0) == positions.size(0)"
     origin: str                                # the user code that made Dynamo guard, when known
-    sizes: list[tuple[str, int | None, int]]   # (argument, list item or None, dim) per symbol, in order
+    sizes: list[SizeLocation]                  # where each symbol's value is read, in order
     evaluate: Callable[..., bool]
 
     def check(self, arguments: dict[str, Any]) -> None:
-        values = []
-        for arg, item, dim in self.sizes:
-            value = arguments[arg]
-            values.append((value if item is None else value[item]).shape[dim])
+        values = [follow(arguments[arg], steps).shape[dim] for arg, steps, dim in self.sizes]
         if not self.evaluate(*values):
             raise InputMismatchError(
                 f"these inputs break an assumption of the traced graph: {self.text} "
-                f"(sizes {', '.join(f'{self._name(s)}={v}' for s, v in zip(self.sizes, values))})"
+                f"(sizes {', '.join(f'{size_name(s)}={v}' for s, v in zip(self.sizes, values))})"
                 f"{'; it comes from: ' + self.origin if self.origin else ''}. The traced graph is only valid for "
                 "such inputs; trace with inputs on the other side, or make the code size-independent")
 
-    @staticmethod
-    def _name(size) -> str:
-        arg, item, dim = size
-        return f"{arg}{'' if item is None else f'[{item}]'}.size({dim})"
+
+def size_name(location: SizeLocation) -> str:
+    arg, steps, dim = location
+    return f"{arg}{render_path(steps)}.size({dim})"
+
+
+_SOURCE_ARGUMENT = re.compile(r"L\['(\w+)'\]")
+_SOURCE_STEP = re.compile(r"\[(\d+)\]|\['([^'\\]*)'\]|\.(\w+)(?![\w(])")
+_SOURCE_SIZE = re.compile(r"\.size\(\)\[(\d+)\]")
+
+
+def parse_size_source(source: str) -> SizeLocation | None:
+    """Where a size symbol is read, from Dynamo's source name ("L['kv'][0].size()[2]", "L['meta'].lens.size()[0]");
+    None for a source that is not a dim of an argument's tensor (a buffer of the model, a tensor's value)."""
+    match = _SOURCE_ARGUMENT.match(source)
+    if match is None:
+        return None
+    arg, position, steps = match[1], match.end(), []
+    while (step := _SOURCE_STEP.match(source, position)) is not None:
+        index, key, attribute = step.groups()
+        steps.append(("item", int(index)) if index is not None else ("item", key) if key is not None
+                     else ("attr", attribute))
+        position = step.end()
+    size = _SOURCE_SIZE.fullmatch(source, position)
+    return None if size is None else (arg, tuple(steps), int(size[1]))
 
 
 def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.Symbol, str]]]:
@@ -193,29 +260,42 @@ def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.
             for expr, origin in _compat.shape_guards(fake_mode)]
 
 
-def build_size_guards(snapshot) -> list[SizeGuard]:
+def build_size_guards(snapshot, resolve: Callable[[SizeLocation], SizeLocation | None],
+                      by_inductor: bool = False) -> list[SizeGuard]:
+    """Per-call checks for the shape guards of a trace; `resolve` maps where Dynamo read a size to where it is in
+    the call's bound arguments (None: not in them). `by_inductor` for the assumptions Inductor added."""
     guards = []
     for expr, origin, sources in snapshot:
         symbols = sorted(expr.free_symbols, key=str)
-        locations, names = [], {}
-        for symbol in symbols:
-            match = _SIZE_SOURCE.match(sources.get(symbol, ""))
-            if match is None:
-                locations = None
-                break
-            item = match["item"]
-            locations.append((match["arg"], None if item is None else int(item), int(match["dim"])))
-            names[symbol] = SizeGuard._name(locations[-1])
-        if not locations:
-            logger.warning("vgc: the traced graph assumes %s (from %s), which vgc cannot check per call; "
-                           "calls that break it will give wrong results", expr, origin or "unknown code")
+        if by_inductor and _is_size_one_specialisation(expr):
+            continue   # sizes 0 and 1 run the general code by design (docs/dynamic-shapes.md)
+        locations = {symbol: parse_size_source(sources.get(symbol, "")) for symbol in symbols}
+        locations = {symbol: where and resolve(where) for symbol, where in locations.items()}
+        # Symbols vgc cannot read from the arguments keep Dynamo's name for them (e.g. a buffer of the model).
+        text = _render(expr, {symbol: size_name(where) if where else sources.get(symbol, str(symbol))
+                              for symbol, where in locations.items()})
+        if not symbols or None in locations.values():
+            logger.warning("the traced graph assumes %s (from %s), which vgc cannot check per call; calls that "
+                           "break it will give wrong results", text, origin or "unknown code")
             continue
-        text = _render(expr, names)
-        guards.append(SizeGuard(text, origin, locations, _evaluator(expr, symbols)))
-        if not _is_equality(expr):
-            logger.warning("vgc: the traced graph holds only when %s (from %s), e.g. a branch on a dynamic "
-                           "size; calls that break it raise InputMismatchError", text, origin or "unknown code")
+        guards.append(SizeGuard(text, origin, [locations[s] for s in symbols], _evaluator(expr, symbols)))
+        if by_inductor:
+            logger.info("Inductor compiled the symbolic-size code assuming %s; every call is checked against it",
+                        text)
+        elif not _is_equality(expr):
+            logger.warning("the traced graph holds only when %s (from %s), e.g. a branch on a dynamic size; calls "
+                           "that break it raise InputMismatchError", text, origin or "unknown code")
     return guards
+
+
+def _is_size_one_specialisation(expr) -> bool:
+    """`s >= 2` or `s > 1`: what a backed size assumes after a trace at a larger size."""
+    if isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan, sympy.LessThan, sympy.StrictLessThan)):
+        lhs, rhs = (expr.lhs, expr.rhs) if isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan)) else \
+            (expr.rhs, expr.lhs)
+        bound = 2 if isinstance(expr, (sympy.GreaterThan, sympy.LessThan)) else 1
+        return isinstance(lhs, sympy.Symbol) and rhs == bound
+    return False
 
 
 def _is_equality(expr) -> bool:
@@ -224,8 +304,8 @@ def _is_equality(expr) -> bool:
 
 def _render(expr, names: dict) -> str:
     text = str(expr.xreplace({s: sympy.Symbol(n) for s, n in names.items()}))
-    eq = re.fullmatch(r"Eq\((.*), (.*)\)", text)
-    return f"{eq[1]} == {eq[2]}" if eq else text
+    relation = re.fullmatch(r"(Eq|Ne)\((.*), (.*)\)", text)
+    return f"{relation[2]} {'==' if relation[1] == 'Eq' else '!='} {relation[3]}" if relation else text
 
 
 def _evaluator(expr, symbols) -> Callable[..., bool]:

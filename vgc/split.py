@@ -1,7 +1,13 @@
-"""Split a Dynamo FX graph at splitting ops (attention) into pieces that compile and pieces that run eagerly."""
+"""Split a Dynamo FX graph at splitting ops (attention) into pieces that compile and pieces that run eagerly.
+
+It also owns what a user needs to get the splitting ops right: a name torch does not know as an operator is an
+error, and the graph's attention-like ops are what vgc suggests when none of the configured ops occurs.
+"""
 
 from __future__ import annotations
 
+import collections
+import difflib
 import logging
 import operator
 from dataclasses import dataclass
@@ -40,6 +46,59 @@ def op_names(node: fx.Node) -> tuple[str, ...]:
 
 def is_splitting_node(node: fx.Node, splitting_ops: frozenset[str]) -> bool:
     return any(name in splitting_ops for name in op_names(node))
+
+
+def _resolve(name: str):
+    """The operator (overload packet or overload) torch knows as `ns::op` or `ns::op.overload`, else None."""
+    namespace, _, rest = name.partition("::")
+    op, dot, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op)
+        if not dot:
+            return packet
+        return getattr(packet, overload) if overload else None   # 'ns::op.' would never match a node
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _known_names(name: str, gm: fx.GraphModule) -> list[str]:
+    """Names to suggest for a misspelt op: the graph's own ops, those of the namespace torch has loaded and, when
+    the op exists, its overloads."""
+    namespace, _, rest = name.partition("::")
+    loaded = getattr(torch.ops, namespace)
+    names = {f"{namespace}::{op}" for op in dir(loaded) if not op.startswith("__") and callable(getattr(loaded, op))}
+    base = f"{namespace}::{rest.partition('.')[0]}"
+    packet = _resolve(base)
+    if packet is not None:
+        names.update(f"{base}.{overload}" for overload in packet.overloads())
+    return sorted(names.union(*(op_names(node) for node in gm.graph.nodes)))
+
+
+def check_splitting_ops(splitting_ops: list[str], gm: fx.GraphModule) -> None:
+    """Raise `ValueError` for a splitting op torch does not know: it could never match, and the graph would run
+    as one piece without a word. Checked when a graph is compiled, not when the config is built, because a
+    custom op's module may be imported in between."""
+    if any(op.startswith("vgc::") for op in splitting_ops):
+        import vgc.ops  # noqa: F401  (registers vgc::attention; `import vgc` does not load the kernels)
+    for op in splitting_ops:
+        if _resolve(op) is not None:
+            continue
+        close = difflib.get_close_matches(op, _known_names(op, gm), n=3)
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        raise ValueError(f"splitting_ops: {op!r} is not an operator torch knows{hint}; give a registered operator "
+                         "as 'namespace::op' or 'namespace::op.overload', and import the module that registers a "
+                         "custom op before the model is compiled")
+
+
+def attention_like_ops(gm: fx.GraphModule) -> collections.Counter[str]:
+    """The graph's ops whose name says attention ("attention", "attn"), by operator name, with their counts:
+    the ops to split at when none of the configured splitting ops occurs."""
+    found: collections.Counter[str] = collections.Counter()
+    for node in gm.graph.nodes:
+        names = op_names(node)
+        if names and ("attention" in names[0] or "attn" in names[0]):
+            found[names[0]] += 1
+    return found
 
 
 def decompose_size_nodes(gm: fx.GraphModule) -> None:

@@ -1,4 +1,9 @@
-"""`vgc cache ls | show | verify | prune | why-miss`."""
+"""`vgc cache ls | show | verify | prune | why-miss`: the cache seen from the shell.
+
+Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad artifact; `why-miss`: the
+compile would miss), 2 for a usage error (argparse's, bad `--options` JSON, a hash prefix that names no single
+entry). Errors are one line, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +12,47 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from vgc import envs
 from vgc.cache import inventory
 from vgc.cache.keys import cache_key, diff_factors, environment_factors, source_factors
 
+_LS_WIDTH = 120   # the differences line of `ls` stops adding factors here
 
-def add_parser(commands) -> None:
-    cache = commands.add_parser("cache", help="inspect and manage the compile cache")
-    cache.add_argument("--root", help="cache root (default: $VGC_CACHE_ROOT or ~/.cache/vgc)")
+
+def _root_option(default: object) -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--root", default=default, help="cache root (default: $VGC_CACHE_ROOT or ~/.cache/vgc)")
+    return parent
+
+
+def add_parser(commands, common: argparse.ArgumentParser) -> None:
+    """Add `cache` to `commands`; `common` holds vgc's global options, accepted after every subcommand too."""
+    # --root belongs to `cache` and to each of its commands, so `cache --root X ls` and `cache ls --root X` agree;
+    # under a command it defaults to SUPPRESS, so that it leaves a --root given before the command alone.
+    cache = commands.add_parser("cache", parents=[common, _root_option(None)],
+                                help="inspect and manage the compile cache")
+    parents = [common, _root_option(argparse.SUPPRESS)]
     sub = cache.add_subparsers(dest="cache_command", required=True)
-    sub.add_parser("ls", help="list entries: hash, size, age, model sources, torch version")
-    show = sub.add_parser("show", help="an entry's key factors, pieces and sizes")
+    sub.add_parser("ls", parents=parents,
+                   help="list entries: hash, size, age, torch, config digest, sources, what tells them apart")
+    show = sub.add_parser("show", parents=parents, help="an entry's key factors, pieces and sizes")
     show.add_argument("hash", help="the entry's hash or a unique prefix of it")
-    sub.add_parser("verify", help="check every artifact against its recorded content hash")
-    prune = sub.add_parser("prune", help="remove old entries, then least recently used ones above a size")
+    sub.add_parser("verify", parents=parents, help="check every artifact against its recorded content hash")
+    prune = sub.add_parser("prune", parents=parents,
+                           help="remove old entries, then least recently used ones above a size")
     prune.add_argument("--older-than", help="e.g. 12h, 7d, 2w")
     prune.add_argument("--max-size", help="e.g. 500M, 2G")
-    why = sub.add_parser("why-miss", help="name the factors that differ between the cache and now")
-    why.add_argument("--options", default="{}", help="the CompilationConfig fields as JSON, as passed to vgc")
-    why.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    why.add_argument("--entry", help="compare with this entry (default: the closest one)")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    why = sub.add_parser("why-miss", parents=parents, help="name the factors that differ between the cache and now")
+    why.add_argument("--options", help="the CompilationConfig fields as JSON, as passed to vgc (default: {}, or "
+                                       "the stored config of --entry)")
+    why.add_argument("--device", choices=["cpu", "cuda"],
+                     help="device of the environment to compute (default: that of --entry, else cpu)")
+    why.add_argument("--entry", metavar="HASH",
+                     help="compare with this entry only (a hash prefix), using its stored config unless --options "
+                          "is given (default: the closest entry)")
 
 
 def _age(seconds: float) -> str:
@@ -45,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except (LookupError, ValueError) as e:
-        print(f"vgc cache: {e}")
+        # On stdout, where scripts already read it; argparse's own usage errors go to stderr.
+        print(f"vgc cache {args.cache_command}: {e}")
         return 2
 
 
@@ -59,8 +85,36 @@ def _run(args: argparse.Namespace) -> int:
     if command == "verify":
         return _verify(root)
     if command == "prune":
-        return _prune(root, args.older_than, args.max_size)
+        return _prune(root, args.older_than, args.max_size, args.dry_run)
     return _why_miss(root, args)
+
+
+def _short(value: Any) -> str:
+    """A factor's value in a few characters: digests cut to 8 hex digits, long values cut with '...'."""
+    if value is inventory.ABSENT:
+        return "-"
+    if isinstance(value, str):
+        is_digest = len(value) >= 16 and all(c in "0123456789abcdef" for c in value)
+        return value[:8] if is_digest else (value if len(value) <= 24 else value[:21] + "...")
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _differences_line(varying: dict[str, Any]) -> str:
+    # Config first: it is what a user changes on purpose; then edited sources; then the machine and versions.
+    order = {"config": 0, "sources": 1}
+    names = sorted(varying, key=lambda n: (order.get(n.split(".", 1)[0], 2), n))
+    # Without the section: `compile_sizes`, `model.py` and `torch_version` say which section they are from.
+    items = [f"{name.split('.', 1)[-1]}={_short(varying[name])}" for name in names]
+
+    def more(n: int) -> str:
+        return f"  (+{n} more; see vgc cache show)" if n else ""
+
+    line, shown = "    differs:", 0
+    # Room is kept for the "+N more" note, so the line never passes the width.
+    while shown < len(items) and len(f"{line}  {items[shown]}{more(len(items) - shown - 1)}") <= _LS_WIDTH:
+        line, shown = f"{line}  {items[shown]}", shown + 1
+    return line + more(len(items) - shown)
 
 
 def _ls(root: Path) -> int:
@@ -68,15 +122,21 @@ def _ls(root: Path) -> int:
     if not found:
         print(f"no cache entries under {root / inventory.CACHE_SUBDIR}")
         return 0
-    print(f"{'hash':22s} {'size':>10s} {'age':>5s}  {'torch':14s} model sources")
+    varying = inventory.distinguishing_factors(found)
+    print(f"{'hash':22s} {'size':>10s} {'age':>5s}  {'torch':14s} {'config':8s}  model sources")
     now = time.time()
     for entry in found:
         manifest = entry.manifest() or {}
         factors = manifest.get("factors", {})
         sources = ", ".join(name for name, _ in factors.get("sources", [])) or "?"
         torch_version = factors.get("environment", {}).get("torch_version", "?")
+        config = inventory.config_digest(factors["config"]) if "config" in factors else "?"
         print(f"{entry.hash:22s} {_mib(entry.size_bytes()):>10s} {_age(now - entry.last_used()):>5s}  "
-              f"{torch_version:14s} {sources}")
+              f"{torch_version:14s} {config:8s}  {sources}")
+        if entry.hash not in varying:
+            print(f"    no readable {inventory.FACTORS_FILE}: not written yet, or damaged")
+        elif varying[entry.hash]:
+            print(_differences_line(varying[entry.hash]))
     return 0
 
 
@@ -105,14 +165,21 @@ def _verify(root: Path) -> int:
     return 1 if problems else 0
 
 
-def _prune(root: Path, older_than: str | None, max_size: str | None) -> int:
+def _prune(root: Path, older_than: str | None, max_size: str | None, dry_run: bool) -> int:
     if older_than is None and max_size is None:
-        raise SystemExit("vgc cache prune: give --older-than and/or --max-size")
-    removed = inventory.prune(root, inventory.parse_duration(older_than) if older_than else None,
-                              inventory.parse_size(max_size) if max_size else None)
-    for entry in removed:
-        print(f"removed {entry.hash}")
-    print(f"{len(removed)} entries removed, {len(inventory.entries(root))} left")
+        raise ValueError("give --older-than and/or --max-size, e.g. --older-than 7d")
+    limits = (inventory.parse_duration(older_than) if older_than else None,
+              inventory.parse_size(max_size) if max_size else None)
+    now = time.time()
+    chosen = inventory.select_for_prune(root, *limits)
+    verb = "would remove" if dry_run else "removed"
+    for entry in chosen:
+        line = f"{verb} {entry.hash}  {_mib(entry.size_bytes())}, last used {_age(now - entry.last_used())} ago"
+        if not dry_run:
+            entry.remove()
+        print(line)
+    left = len(inventory.entries(root)) - (len(chosen) if dry_run else 0)
+    print(f"{len(chosen)} entries {'would be ' if dry_run else ''}removed, {left} left")
     return 0
 
 
@@ -122,19 +189,62 @@ def _current_sources(manifest: dict) -> list[list[str]]:
     return source_factors(paths) if paths else manifest.get("factors", {}).get("sources", [])
 
 
-def _why_miss(root: Path, args) -> int:
+def _config_from_options(text: str) -> dict[str, Any]:
     from vgc.config import CompilationConfig
 
-    config = CompilationConfig.from_options(json.loads(args.options))
-    env = environment_factors(args.device)
-    candidates = [inventory.find_entry(root, args.entry)] if args.entry else inventory.entries(root)
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--options is not valid JSON ({e}); pass the CompilationConfig fields as a JSON object, "
+                         """e.g. --options '{"compile_sizes": [1, 8]}'""") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"--options must be a JSON object of CompilationConfig fields, got {text!r}")
+    try:
+        return CompilationConfig.from_options(options).hash_factors()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--options: {e}") from None
+
+
+def _stored_manifest(entry: inventory.Entry) -> dict[str, Any]:
+    manifest = entry.manifest()
+    if not manifest or "config" not in manifest.get("factors", {}):
+        raise ValueError(f"entry {entry.hash} has no readable {inventory.FACTORS_FILE}; pass its config with "
+                         "--options")
+    return manifest
+
+
+def _environment(device: str) -> dict[str, Any]:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: this process sees no CUDA device; run why-miss on a machine with the GPU "
+                         "that will load the cache")
+    return environment_factors(device)
+
+
+def _why_miss(root: Path, args) -> int:
+    named = inventory.find_entry(root, args.entry) if args.entry else None
+    if named is None:
+        config = _config_from_options("{}" if args.options is None else args.options)
+        candidates = inventory.entries(root)
+        device = args.device or "cpu"
+    else:
+        stored = _stored_manifest(named)["factors"]
+        if args.options is None:
+            config = stored["config"]
+            print(f"config: as stored in entry {named.hash} (digest {inventory.config_digest(config)})")
+        else:
+            config = _config_from_options(args.options)
+        candidates = [named]
+        device = args.device or stored.get("environment", {}).get("device_type", "cpu")
     if not candidates:
         print(f"no cache entries under {root / inventory.CACHE_SUBDIR}: every compile is a miss")
-        return 0
+        return 1
+    env = _environment(device)
     best = None
     for entry in candidates:
         manifest = entry.manifest() or {}
-        _, current = cache_key(config.hash_factors(), env, _current_sources(manifest))
+        _, current = cache_key(config, env, _current_sources(manifest))
         differences = diff_factors(manifest.get("factors", {}), current)
         if best is None or len(differences) < len(best[1]):
             best = (entry, differences)
@@ -142,7 +252,7 @@ def _why_miss(root: Path, args) -> int:
     if not differences:
         print(f"entry {entry.hash} matches the current config and environment: it would be a hit")
         return 0
-    print(f"closest entry {entry.hash} differs in {len(differences)} factor(s):")
+    print(f"{'entry' if named else 'closest entry'} {entry.hash} differs in {len(differences)} factor(s):")
     for line in differences:
         print(f"  {line}")
     return 1

@@ -1,7 +1,9 @@
-"""Reading a cache root: its entries, their manifests and artifacts; verify, prune and explain misses."""
+"""Reading a cache root: its entries, their manifests and artifacts, what tells entries apart; verify, prune and
+explain misses."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from vgc.cache.keys import diff_factors
+from vgc.cache.keys import diff_factors, flatten_factors
 from vgc.cache.store import ARTIFACT_DIR, FACTORS_FILE, ArtifactStore
 
 CACHE_SUBDIR = "torch_compile_cache"
@@ -44,6 +46,10 @@ class Entry:
         times = [p.stat().st_mtime for p in self.path.rglob("*") if p.is_file()]
         return max(times, default=self.path.stat().st_mtime)
 
+    def remove(self) -> None:
+        """Delete the entry without taking its locks: a process writing to it at the same time loses its work."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
     def stores(self) -> Iterator[ArtifactStore]:
         for rank_dir in self.rank_dirs():
             index = rank_dir / "index.json"
@@ -62,11 +68,51 @@ def entries(root: Path) -> list[Entry]:
 
 
 def find_entry(root: Path, prefix: str) -> Entry:
-    matches = [e for e in entries(root) if e.hash.startswith(prefix)]
-    if len(matches) != 1:
-        found = "no entry" if not matches else f"{len(matches)} entries"
-        raise LookupError(f"{found} under {Path(root) / CACHE_SUBDIR} matches {prefix!r}; see `vgc cache ls`")
-    return matches[0]
+    """The one entry whose hash starts with `prefix`; a `LookupError` naming the prefix and the candidates if
+    there is no such entry or several."""
+    found = entries(root)
+    matches = [e for e in found if e.hash.startswith(prefix)]
+    if len(matches) == 1:
+        return matches[0]
+    base = Path(root) / CACHE_SUBDIR
+    if matches:
+        raise LookupError(f"{prefix!r} matches {len(matches)} entries under {base}: {_hash_list(matches)}; "
+                          "give more digits")
+    if not found:
+        raise LookupError(f"no entry under {base} matches {prefix!r}: there are no entries; check --root")
+    raise LookupError(f"no entry under {base} matches {prefix!r}; the entries are {_hash_list(found)} "
+                      "(see `vgc cache ls`)")
+
+
+def _hash_list(found: list[Entry], limit: int = 8) -> str:
+    shown = ", ".join(e.hash for e in found[:limit])
+    return shown if len(found) <= limit else f"{shown} and {len(found) - limit} more"
+
+
+def config_digest(config_factors: dict[str, Any]) -> str:
+    """8 hex digits that name an entry's config: the start of `CompilationConfig.compute_hash()` of the config it
+    was built with, so a program can find its entries by printing its own config's hash."""
+    blob = json.dumps(config_factors, sort_keys=True, default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+ABSENT = object()
+"""The value `distinguishing_factors` gives a factor that one entry records and another does not."""
+
+
+def distinguishing_factors(found: list[Entry]) -> dict[str, dict[str, Any]]:
+    """Per entry hash, its key factors (flattened names) whose value is not the same in all the entries: what tells
+    entries of one model apart. Entries without readable factors are left out."""
+    flat = {}
+    for entry in found:
+        manifest = entry.manifest()
+        if manifest and "factors" in manifest:
+            flat[entry.hash] = flatten_factors(manifest["factors"])
+    names = sorted(set().union(*flat.values())) if flat else []
+    # Values are JSON (lists, dicts): compared by their canonical text, with ABSENT as its own value.
+    varying = [n for n in names
+               if len({json.dumps(f[n], sort_keys=True) if n in f else None for f in flat.values()}) > 1]
+    return {h: {n: f.get(n, ABSENT) for n in varying} for h, f in flat.items()}
 
 
 def verify_entry(entry: Entry) -> list[str]:
@@ -112,15 +158,16 @@ def parse_size(text: str) -> int:
         raise ValueError(f"--max-size must be a size like 500M or 2G, got {text!r}") from None
 
 
-def prune(root: Path, older_than_s: float | None = None, max_size: int | None = None) -> list[Entry]:
-    """Remove entries unused for `older_than_s`, then least recently used ones until under `max_size` bytes."""
-    removed = []
+def select_for_prune(root: Path, older_than_s: float | None = None, max_size: int | None = None) -> list[Entry]:
+    """What `vgc cache prune` removes: entries unused for `older_than_s`, then least recently used ones until the
+    rest fit in `max_size` bytes. Nothing is removed here."""
+    selected = []
     now = time.time()
     remaining = entries(root)  # most recently used first
     if older_than_s is not None:
         for entry in list(remaining):
             if now - entry.last_used() > older_than_s:
-                removed.append(entry)
+                selected.append(entry)
                 remaining.remove(entry)
     if max_size is not None:
         sizes = {e.hash: e.size_bytes() for e in remaining}
@@ -128,7 +175,5 @@ def prune(root: Path, older_than_s: float | None = None, max_size: int | None = 
         while remaining and total > max_size:
             entry = remaining.pop()
             total -= sizes[entry.hash]
-            removed.append(entry)
-    for entry in removed:
-        shutil.rmtree(entry.path, ignore_errors=True)
-    return removed
+            selected.append(entry)
+    return selected

@@ -18,7 +18,7 @@ from vgc.counters import counters
 from vgc.cudagraph.padding import StaticInputs, output_tensors, padded_size, slice_outputs
 from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import GraphRuntime, bypass_piece_graphs, frozen_gc
-from vgc.guards import InputMismatchError, argument_tensors
+from vgc.guards import InputMismatchError, argument_tensors, render_path
 
 logger = logging.getLogger("vgc")
 
@@ -27,7 +27,8 @@ logger = logging.getLogger("vgc")
 class _FullGraph:
     graph: torch.cuda.CUDAGraph
     output: Any
-    pinned: dict[str, int]    # tensors passed through unpadded (KV caches): their address is baked in
+    pinned: list[tuple[str, tuple, int]]   # (argument, path, address) of tensors passed through unpadded
+                                           # (KV caches): their address is baked in
     shapes: dict[str, torch.Size]   # padded dynamic inputs as captured: their extents are baked in too
     inputs: dict[str, Any]          # what the graph reads, held so that no buffer of it is freed and reused
 
@@ -146,20 +147,21 @@ class GraphDispatcher:
         out.update(self.static.pad_all(arguments, self.dynamic, padded - size))
         return out
 
-    def _pinned(self, arguments: dict) -> dict[str, int]:
-        return {name + suffix: t.data_ptr() for name, value in arguments.items() if name not in self.dynamic
-                for suffix, t in argument_tensors(value)}
+    def _pinned(self, arguments: dict) -> list[tuple[str, tuple, int]]:
+        return [(name, steps, t.data_ptr()) for name, value in arguments.items() if name not in self.dynamic
+                for steps, t in argument_tensors(value)]
 
-    def _check_pinned(self, full: _FullGraph, arguments: dict) -> None:
-        now = self._pinned(arguments)
-        if now == full.pinned:
-            return
-        for name, ptr in full.pinned.items():
-            if now.get(name) != ptr:
+    @staticmethod
+    def _check_pinned(full: _FullGraph, arguments: dict) -> None:
+        for name, steps, address in full.pinned:   # per call: a plain loop, no structure walk
+            value = arguments[name]
+            for kind, key in steps:
+                value = value[key] if kind == "item" else getattr(value, key)
+            if value.data_ptr() != address:
                 raise InputMismatchError(
-                    f"argument {name!r} is not the tensor the FULL CUDA graph was captured with (its address "
-                    "changed); graphs read fixed addresses, so allocate such tensors (e.g. KV caches) once and "
-                    "pass the same ones on every call")
+                    f"argument {name + render_path(steps)!r} is not the tensor the FULL CUDA graph was captured "
+                    "with (its address changed); graphs read fixed addresses, so allocate such tensors (e.g. KV "
+                    "caches) once and pass the same ones on every call")
 
     # ---- warm-up ----
     def capture_all(self, make_inputs: Callable[[int], dict], make_full_inputs: Callable[[int], dict]) -> None:

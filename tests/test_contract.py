@@ -1,0 +1,160 @@
+"""`vgc.compile`'s input contract: tensors inside containers and dataclasses, dims addressed by path, objects it
+cannot check refused, messages that show shapes and dtypes, never tensor contents."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn as nn
+
+import vgc
+from vgc.contract import dynamic_dims
+from conftest import FP32_TOL
+
+
+class AttendToPast(nn.Module):
+    """Attention of new queries over a per-layer list of past keys, concatenated along the sequence dim (2)."""
+
+    def forward(self, q, past_kv: list):
+        out = q
+        for past in past_kv:
+            keys = torch.cat([past, q], dim=2)
+            out = out + torch.softmax(out @ keys.transpose(-1, -2), dim=-1) @ keys
+        return out
+
+
+def _inputs(new: int, past: int, layers: int = 2):
+    torch.manual_seed(new * 100 + past)
+    return torch.randn(1, 2, new, 8), [torch.randn(1, 2, past, 8) for _ in range(layers)]
+
+
+def test_dims_of_tensors_in_a_list_are_dynamic_by_path(no_cache):
+    model = AttendToPast()
+    compiled = vgc.compile(model, dynamic_arg_dims={"q": 2, "past_kv": {"*": 2}})
+    with vgc.counters.delta() as d:
+        for new, past in ((3, 7), (1, 8), (4, 20), (2, 2)):
+            q, past_kv = _inputs(new, past)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(q, past_kv), model(q, past_kv), **FP32_TOL)
+    assert d["dynamo_traces"] == 1 and compiled.stats()["dynamic_dims"] == {
+        "q": [2], "past_kv[0]": [2], "past_kv[1]": [2]}
+    with pytest.raises(vgc.InputMismatchError, match=r"'past_kv': length 3 differs from the traced 2"):
+        compiled(*_inputs(2, 5, layers=3))
+    with pytest.raises(vgc.InputMismatchError, match=r"past_kv'\[0\]: dtype torch.float64"):
+        q, past_kv = _inputs(2, 5)
+        compiled(q, [past_kv[0].double(), past_kv[1]])
+
+
+def test_dynamic_arg_dims_forms_for_containers():
+    q, past_kv = _inputs(3, 7)
+    arguments = {"q": q, "past_kv": past_kv}
+    everywhere = {"q": {}, "past_kv[0]": {2: None}, "past_kv[1]": {2: None}}
+    assert dynamic_dims(arguments, {"past_kv": 2}) == everywhere          # an int applies to every tensor inside
+    assert dynamic_dims(arguments, {"past_kv": {"*": 2}}) == everywhere
+    assert dynamic_dims(arguments, {"past_kv": {1: [2]}})["past_kv[0]"] == {}
+    assert dynamic_dims(arguments, {"past_kv": {0: {2: "seq"}}})["past_kv[0]"] == {2: "seq"}
+    with pytest.raises(ValueError, match=r"dynamic_arg_dims\['past_kv'\].*marks no dim.*a list"):
+        dynamic_dims(arguments, {"past_kv": {"keys": 2}})
+    with pytest.raises(ValueError, match=r"'past_kv\[0\]': dim 4 is out of range for a 4-d tensor"):
+        dynamic_dims(arguments, {"past_kv": 4})
+
+
+@dataclass
+class Metadata:
+    lens: torch.Tensor
+    scale: float
+
+
+class Scaled(nn.Module):
+    def forward(self, x, meta: Metadata):
+        return x * meta.scale + meta.lens.sum()
+
+
+def test_dataclass_fields_are_checked_per_call(no_cache):
+    model = Scaled()
+    compiled = vgc.compile(model, dynamic_arg_dims={"x": 0, "meta": {"lens": 0}})
+    for n in (5, 3, 9):
+        x, meta = torch.randn(n, 4), Metadata(torch.arange(float(n)), 2.0)
+        torch.testing.assert_close(compiled(x, meta), model(x, meta), **FP32_TOL)
+    with pytest.raises(vgc.InputMismatchError, match=r"'meta'\.scale is 3.0 but was 2.0"):
+        compiled(torch.randn(3, 4), Metadata(torch.arange(3.0), 3.0))
+    # A tensor where the trace had a float: the message shows its shape and dtype, not hundreds of values.
+    with pytest.raises(vgc.InputMismatchError, match=r"is a torch.float32 tensor of shape \(1000,\)") as error:
+        compiled(torch.randn(3, 4), Metadata(torch.arange(3.0), torch.zeros(1000)))
+    assert len(str(error.value)) < 400
+
+
+def test_a_static_dim_inside_a_container_names_the_fix(no_cache):
+    model = AttendToPast()
+    compiled = vgc.compile(model, dynamic_arg_dims={"q": 2})
+    compiled(*_inputs(3, 7))
+    with pytest.raises(vgc.InputMismatchError, match=r"dynamic_arg_dims=\{'past_kv': \{0: 2\}\} \(or "
+                                                     r"\{'past_kv': 2\} for dim 2 of every tensor in it\)"):
+        compiled(*_inputs(3, 8))
+
+
+class Opaque:
+    def __init__(self, weight):
+        self.weight = weight
+
+
+class UsesOpaque(nn.Module):
+    def forward(self, x, holder):
+        return x * holder.weight
+
+
+def test_an_object_vgc_cannot_check_is_refused_before_compiling(no_cache):
+    compiled = vgc.compile(UsesOpaque())
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0):
+        with pytest.raises(ValueError, match=r"argument 'holder' is a test_contract.Opaque, which vgc.compile "
+                                             r"cannot check.*backend='vgc'"):
+            compiled(torch.randn(4), Opaque(torch.ones(4)))
+
+
+def test_size_assumptions_read_in_argument_terms_and_are_checked():
+    import sympy
+    from vgc.guards import build_size_guards
+
+    def resolve(location):   # the locations as given: these are the arguments' own names
+        return location
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    sources = {s0: "L['x'].size()[0]", s1: "L['kv'][1].size()[2]"}
+    by_dynamo = build_size_guards([(sympy.Eq(s0, s1), "model.py:3", sources)], resolve)
+    by_inductor = build_size_guards([(64 * s0 <= 2147483647, "Inductor's generated code", sources),
+                                     (s0 >= 2, "Inductor's generated code", sources)], resolve, by_inductor=True)
+    assert [g.text for g in by_dynamo] == ["x.size(0) == kv[1].size(2)"]
+    assert [g.text for g in by_inductor] == ["64*x.size(0) <= 2147483647"]   # sizes 0 and 1 stay allowed
+    meta = torch.device("meta")   # sizes without memory
+    kv = [torch.empty(1, device=meta), torch.empty(1, 2, 5, device=meta)]
+    by_dynamo[0].check({"x": torch.empty(5, device=meta), "kv": kv})
+    with pytest.raises(vgc.InputMismatchError, match=r"x.size\(0\) == kv\[1\].size\(2\) \(sizes x.size\(0\)=6, "
+                                                     r"kv\[1\].size\(2\)=5\); it comes from: model.py:3"):
+        by_dynamo[0].check({"x": torch.empty(6, device=meta), "kv": kv})
+    by_inductor[0].check({"x": torch.empty(2 ** 25 - 1, device=meta), "kv": kv})
+    with pytest.raises(vgc.InputMismatchError, match=r"64\*x.size\(0\) <= 2147483647"):
+        by_inductor[0].check({"x": torch.empty(2 ** 25, device=meta), "kv": kv})
+
+
+def test_a_wrapped_transformers_forward_gets_its_assumptions_checked_by_argument_name(no_cache):
+    """transformers wraps forward in a `*args, **kwargs` decorator, so Dynamo names sizes `kwargs['input_ids']`;
+    the contract still checks them against the bound arguments, in their names."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    compiled = vgc.compile(model, dynamic_arg_dims={"input_ids": 1, "attention_mask": 1})
+
+    def run(fn, tokens, mask_tokens):
+        ids = torch.randint(0, 100, (2, tokens), generator=torch.Generator().manual_seed(tokens))
+        with torch.no_grad():
+            return fn(input_ids=ids, attention_mask=torch.ones(2, mask_tokens, dtype=torch.long)).last_hidden_state
+
+    for tokens in (9, 5, 17):
+        torch.testing.assert_close(run(compiled, tokens, tokens), run(model, tokens, tokens), **FP32_TOL)
+    either_order = r"(attention_mask.size\(1\) == input_ids.size\(1\)|input_ids.size\(1\) == attention_mask.size\(1\))"
+    with pytest.raises(vgc.InputMismatchError, match=either_order):
+        run(compiled, 5, 9)
+    with pytest.raises(vgc.InputMismatchError, match=r"input_ids.size\(1\) <= 64 \(sizes input_ids.size\(1\)=70\)"):
+        run(compiled, 70, 70)

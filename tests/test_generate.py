@@ -1,0 +1,44 @@
+"""transformers `generate()`: never a silent wrong answer. Drop-in vgc follows the KV cache with Dynamo's guards
+and gives eager's tokens; `vgc.compile` cannot check a cache object on each call, so it refuses it up front."""
+
+import pytest
+import torch
+
+import vgc
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = torch.tensor([[5, 17, 42, 8, 99, 3]])
+NEW_TOKENS = 5
+
+
+def _causal_lm():
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _generate(model, **kwargs):
+    with torch.no_grad():
+        return model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, **kwargs)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_vgc_compile_refuses_a_kv_cache_object_instead_of_baking_it(cache, no_cache):
+    model = _causal_lm()
+    model.forward = vgc.compile(model.forward)
+    with vgc.counters.expect(inductor_compiles=0):
+        with pytest.raises(ValueError, match=r"argument '\w+' is a transformers\.cache_utils\.\w+Cache, "
+                                             r"which vgc\.compile cannot check on each call.*backend='vgc'"):
+            _generate(model, cache_implementation=cache)
+
+
+def test_dropin_generate_equals_eager_token_for_token(no_cache):
+    model = _causal_lm()
+    eager = _generate(model)
+    model.forward = torch.compile(model.forward, backend="vgc")
+    compiled = _generate(model)
+    assert compiled.tolist() == eager.tolist()
+    assert compiled.shape[1] == PROMPT.shape[1] + NEW_TOKENS
