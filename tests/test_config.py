@@ -90,7 +90,7 @@ def test_unbuilt_config_field_warns_when_set(name, caplog):
     with caplog.at_level(logging.WARNING, logger="vgc"):
         vgc.CompilationConfig(**{name: UNBUILT[name]})
     assert [r.getMessage() for r in caplog.records] == [
-        f"vgc: {name} is accepted but has no effect yet (encoder CUDA graphs are not built)"]
+        f"{name} is accepted but has no effect yet (encoder CUDA graphs are not built)"]
 
 
 def test_built_config_fields_log_nothing(caplog):

@@ -68,7 +68,7 @@ def test_sdpa_model_with_default_splitting_ops_says_which_op_splits_it(fresh_cou
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x), **FP32_TOL)
     assert _vgc_messages(caplog, NO_SPLIT) == [
-        "vgc: no splitting op of ['vgc::attention'] occurs in the graph; it has aten::scaled_dot_product_attention "
+        "no splitting op of ['vgc::attention'] occurs in the graph; it has aten::scaled_dot_product_attention "
         "(x1): pass splitting_ops=['aten::scaled_dot_product_attention'] to split there"]
     assert len(backend.graphs[0].pieces) == 1 and fresh_counters.inductor_compiles == 1
     assert "vgc: graph 0" in capsys.readouterr().err

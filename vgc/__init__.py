@@ -8,8 +8,10 @@ from vgc.backend import CompileAfterWarmupError, VgcBackend, vgc_backend  # noqa
 from vgc.api import CompiledModel, compile  # noqa: E402
 from vgc.guards import InputMismatchError  # noqa: E402
 from vgc import _compat  # noqa: E402
+from vgc import log as _log  # noqa: E402
 
 _compat.register_backend_by_name("vgc", vgc_backend)
+_log.install_fallback_handler()
 
 __all__ = [
     "CompilationConfig", "CUDAGraphMode", "DynamicShapesConfig", "DynamicShapesType", "VgcBackend",

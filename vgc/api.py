@@ -102,7 +102,7 @@ class CompiledModel:
         self.contract, self.graphs = contract, graphs   # together: a call sees a whole traced model or none
         self._seconds.update(first_call=total, backend=sum(graph.seconds.values()),
                              dynamo_trace_and_run=total - sum(graph.seconds.values()))
-        logger.info("vgc: traced once, compiled %d and loaded %d artifacts in %.2f s",
+        logger.info("traced once, compiled %d and loaded %d artifacts in %.2f s",
                     graph.artifacts_compiled, graph.artifacts_loaded, total)
         return out
 

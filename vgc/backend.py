@@ -323,7 +323,7 @@ class VgcBackend:
         record.computation_graph = debug_files.write_computation_graph(store, split_gm, record.pieces)
         debug_files.expect_transformed_code(store)
         self.graphs.append(record)
-        logger.info("vgc: graph %d: %d pieces (%d unique compiled), %d compiled, %d loaded in %.2f s%s",
+        logger.info("graph %d: %d pieces (%d unique compiled), %d compiled, %d loaded in %.2f s%s",
                     len(self.graphs) - 1, len(record.pieces), len(record.unique_keys), record.artifacts_compiled,
                     record.artifacts_loaded, seconds["compile"],
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
@@ -340,13 +340,13 @@ class VgcBackend:
         Hugging Face model calls aten's attention, not the default `vgc::attention`."""
         found = attention_like_ops(gm)
         if not found:   # an MLP: one piece is right
-            logger.debug("vgc: no splitting op of %s occurs in the graph, nor any attention-like op; it compiles "
+            logger.debug("no splitting op of %s occurs in the graph, nor any attention-like op; it compiles "
                          "as one piece", self.config.splitting_ops)
             return
         if self._told_unsplit:
             return
         self._told_unsplit = True
-        logger.info("vgc: no splitting op of %s occurs in the graph; it has %s: pass splitting_ops=%s to split there",
+        logger.info("no splitting op of %s occurs in the graph; it has %s: pass splitting_ops=%s to split there",
                     self.config.splitting_ops, ", ".join(f"{name} (x{count})" for name, count in found.items()),
                     list(found))
 
@@ -384,7 +384,7 @@ class VgcBackend:
         if size_source is not None:
             static_fns = {size: build(size) for size in self.config.compile_sizes}
         elif self.config.compile_sizes:
-            logger.debug("vgc: %s has no single symbolic size; compile_sizes do not apply to it", piece.name)
+            logger.debug("%s has no single symbolic size; compile_sizes do not apply to it", piece.name)
             progress.update(len(self.config.compile_sizes))
         return CompiledPiece(piece.name, key, dynamic_fn, static_fns, size_source,
                              has_symbols=bool(free_symbols(example_inputs)))
@@ -395,11 +395,11 @@ class VgcBackend:
         if mode == CUDAGraphMode.NONE:
             return None
         if device_type != "cuda":
-            logger.warning("vgc: cudagraph_mode=%s needs a CUDA device; this %s model runs without CUDA graphs",
+            logger.warning("cudagraph_mode=%s needs a CUDA device; this %s model runs without CUDA graphs",
                            mode.value, device_type)
             return None
         if not self.trace_once and mode != CUDAGraphMode.PIECEWISE:
-            logger.warning("vgc: cudagraph_mode=%s: FULL graphs need vgc.compile (it pads and owns the inputs); "
+            logger.warning("cudagraph_mode=%s: FULL graphs need vgc.compile (it pads and owns the inputs); "
                            "torch.compile(backend='vgc') captures PIECEWISE graphs only", mode.value)
         return None if mode == CUDAGraphMode.FULL else self.graph_runtime
 

@@ -142,7 +142,7 @@ def compile_piece(gm: fx.GraphModule, example_inputs: list, *, size: int | None,
         inputs = concrete_inputs(example_inputs, size_source.symbol, size)
         artifact = _compat.standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs",
                                               config_patches=inductor_config)
-    logger.debug("vgc: Inductor compiled a piece for size %s in %.2f s", size or "dynamic",
+    logger.debug("Inductor compiled a piece for size %s in %.2f s", size or "dynamic",
                  time.perf_counter() - start)
     return artifact
 

@@ -245,7 +245,7 @@ class CompilationConfig:
         # Warn only once the whole config is known to be valid.
         for f in fields:
             if not _spec(f).built and getattr(self, f.name) != _default(f):
-                logger.warning("vgc: %s is accepted but has no effect yet (encoder CUDA graphs are not built)", f.name)
+                logger.warning("%s is accepted but has no effect yet (encoder CUDA graphs are not built)", f.name)
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> "CompilationConfig":

@@ -54,7 +54,7 @@ def _on_bytecode(code, new_code):
     try:
         store.write_text("transformed_code.py", render_transformed_code(code, new_code))
     except Exception as e:  # a debug file must never break compilation
-        logger.debug("vgc: could not write transformed_code.py: %s", e)
+        logger.debug("could not write transformed_code.py: %s", e)
     return None
 
 

@@ -55,10 +55,10 @@ def explain_new_entry(root: Path, key: str, factors: dict) -> None:
     """On a miss, name what differs from the closest existing entry: a silent miss costs a full compile."""
     nearest = closest_entry(root, factors)
     if nearest is None:
-        logger.info("vgc: cache miss: no entry under %s yet; compiling", root / CACHE_SUBDIR)
+        logger.info("cache miss: no entry under %s yet; compiling", root / CACHE_SUBDIR)
         return
     entry, differences = nearest
-    logger.info("vgc: cache miss for %s; closest entry %s differs in: %s", key, entry.hash, "; ".join(differences))
+    logger.info("cache miss for %s; closest entry %s differs in: %s", key, entry.hash, "; ".join(differences))
 
 
 def open_store(config: CompilationConfig, device_type: str, code_objects) -> ArtifactStore | NoStore:
@@ -75,5 +75,5 @@ def open_store(config: CompilationConfig, device_type: str, code_objects) -> Art
     store = ArtifactStore(directory, fmt)
     # Paths are kept beside the key (never in it) so that `vgc cache why-miss` can re-hash the sources.
     store.write_factors({"hash": key, "factors": factors, "source_paths": paths})
-    logger.info("vgc: using cache directory %s", directory)
+    logger.info("using cache directory %s", directory)
     return store

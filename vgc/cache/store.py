@@ -109,7 +109,7 @@ class ArtifactStore:
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            logger.warning("vgc: cache index %s is unreadable (%s); treating the entry as empty", path, e)
+            logger.warning("cache index %s is unreadable (%s); treating the entry as empty", path, e)
             return {}
 
     def _update_index(self, name: str, record: dict[str, Any] | None) -> None:
@@ -162,9 +162,9 @@ class ArtifactStore:
             except Exception as e:  # e.g. a different torch build: the file asserts its build key
                 problem = f"load failed: {type(e).__name__}: {e}"
             else:
-                logger.debug("vgc: loaded %s in %.3f s", path, time.perf_counter() - start)
+                logger.debug("loaded %s in %.3f s", path, time.perf_counter() - start)
                 return Fetched(artifact, {"artifacts_loaded": 1})
-        logger.warning("vgc: cache artifact %s is unusable (%s); recompiling it", path, problem)
+        logger.warning("cache artifact %s is unusable (%s); recompiling it", path, problem)
         self._remove(path)
         self._update_index(name, None)
         return Fetched(None, {"cache_corrupt": 1})
@@ -200,7 +200,7 @@ class ArtifactStore:
             try:
                 self.save(name, artifact, meta)
             except Exception as e:  # an unsaveable graph still runs; it is compiled again next time
-                logger.warning("vgc: could not save artifact %s (%s: %s)", name, type(e).__name__, e)
+                logger.warning("could not save artifact %s (%s: %s)", name, type(e).__name__, e)
             else:
                 counts["artifacts_saved"] = 1
             return Fetched(artifact, counts)

@@ -111,7 +111,7 @@ class CUDAGraphPiece:
                 # The graph would read (or write) the old buffer: run this call without it.
                 if not self._warned_moved:
                     self._warned_moved = True
-                    logger.warning("vgc: input %d of %s is not at the address its CUDA graph was captured "
+                    logger.warning("input %d of %s is not at the address its CUDA graph was captured "
                                    "with; such calls run without the graph", i, self.name)
                 counters.eager_runs += 1
                 return self.piece(*args)
@@ -137,6 +137,6 @@ class CUDAGraphPiece:
         self.entries[size] = _Entry(graph, inputs, copy_in, pinned, outputs)
         self.runtime.mark_stable(outputs if isinstance(outputs, (list, tuple)) else [outputs])
         self.runtime.counters.add(cudagraph_captures=1)
-        logger.debug("vgc: captured %s at size %s (%d inputs copied in, %d read in place)", self.name, size,
+        logger.debug("captured %s at size %s (%d inputs copied in, %d read in place)", self.name, size,
                      len(copy_in), len(pinned))
         return outputs
