@@ -13,8 +13,6 @@ import inspect
 import logging
 from typing import Any
 
-import torch
-
 from vgc import _compat
 from vgc.config import DynamicShapesType
 from vgc.guards import (SizeGuard, SizeLocation, TensorSpec, argument_tensors, build_size_guards, describe, follow,
@@ -90,7 +88,8 @@ def dynamic_dims(arguments: dict[str, Any], dynamic_arg_dims: dict[str, DimSpec]
                     _normalize_dims(f"{where!r}", spec, tensor.dim())
             dynamic[where] = dims
     for name in dynamic_arg_dims or {}:
-        inside = [dims for where, dims in dynamic.items() if where == name or where.startswith((name + "[", name + "."))]
+        inside = [dims for where, dims in dynamic.items()
+                  if where == name or where.startswith((name + "[", name + "."))]
         if not inside:   # e.g. an optional tensor passed as None in this call
             logger.warning("dynamic_arg_dims[%r]: argument %r holds no tensor in the traced call (%s)", name, name,
                            describe(arguments[name]))
