@@ -217,7 +217,7 @@ def test_a_prefix_that_names_no_single_entry(two_entries, tmp_path, capsys):
     assert code == 2 and "there are no entries" in out
 
 
-def _fail(root, device):
+def _fail(root, device, kept):
     raise RuntimeError("demo failed")
 
 
@@ -235,6 +235,6 @@ def test_demo_removes_its_temporary_root_even_on_error(tmp_path, monkeypatch, ca
 def test_demo_keeps_a_root_it_was_given(tmp_path, monkeypatch, capsys):
     root = tmp_path / "kept"
     root.mkdir()
-    monkeypatch.setattr(demo, "_run", lambda root, device: 0)
+    monkeypatch.setattr(demo, "_run", lambda root, device, kept: 0)
     assert demo.main(cache_root=str(root), device="cpu") == 0
     assert root.is_dir() and f"cache kept in {root}" in capsys.readouterr().out

@@ -76,10 +76,10 @@ def main(cache_root: str | None = None, device: str | None = None) -> int:
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     with _demo_cache_root(cache_root) as root:
-        return _run(root, device)
+        return _run(root, device, kept=cache_root is not None)
 
 
-def _run(root: str, device: str) -> int:
+def _run(root: str, device: str, kept: bool) -> int:
     import torch
 
     print(f"vgc demo: tiny Llama (2 layers) on {device}, torch {torch.__version__}; cache root {root}")
@@ -117,7 +117,10 @@ def _run(root: str, device: str) -> int:
             diffs.append(f"T={n}: {(out - eager).abs().max().item():.1e}")
         print(f"  {kind:7s} " + "  ".join(diffs))
     print(f"compiles after warm-up: {vgc.counters.inductor_compiles}, Dynamo traces: {vgc.counters.dynamo_traces}")
-    print(f"\nsplit graph written to {graph}")
+    if kept:
+        print(f"\nsplit graph written to {graph}")
+    else:
+        print("\nthe split graph, as readable Python, is the entry's computation_graph.py (keep it with --cache-root)")
     return 0
 
 
