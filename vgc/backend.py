@@ -179,9 +179,8 @@ def _grad_anchor(example_inputs: list) -> int | None:
 
 def _aliases_input(node) -> bool:
     """The graph returns one of its inputs, or what may be a view of one."""
-    while isinstance(node, fx.Node) and node.op != "placeholder" and views.may_be_view(node):
-        node = node.args[0]
-    return isinstance(node, fx.Node) and node.op == "placeholder"
+    base = views.storage_base(node)
+    return isinstance(base, fx.Node) and base.op == "placeholder"
 
 
 def _raise_on_backward(forward: Callable, gm: fx.GraphModule, anchor: int) -> Callable:
@@ -221,8 +220,8 @@ class VgcBackend:
 
     `trace_once=True` is the backend of `vgc.compile`, which drops Dynamo's guards and owns the calls. It then
     compiles only inside `tracing()`, the scope of its owner's single trace (any other request to compile is a
-    `CompileAfterWarmupError`), warns of the size assumptions Inductor adds (nothing checks them once guards are
-    gone), leaves FULL graphs and output lifetime to the caller, and captures piece graphs only inside
+    `CompileAfterWarmupError`), records the size assumptions Inductor adds (the owner's contract checks them per
+    call, since Dynamo's guards are gone), leaves FULL graphs and output lifetime to the caller, and captures piece graphs only inside
     `graph_runtime.capturing()`. Without it (drop-in), Dynamo's guards stay, piece graphs capture on a size's
     second call and outputs are cloned out of graph memory.
     """

@@ -41,6 +41,23 @@ def may_be_view(node: fx.Node) -> bool:
     return _lookup(node) is not None
 
 
+def storage_base(node):
+    """The node whose storage `node` may share: followed back through every possible view, stopping at a
+    conversion that provably copied. A placeholder result means the value may alias a graph input."""
+    while isinstance(node, fx.Node) and node.op != "placeholder" and node.args and may_be_view(node) \
+            and not _is_conversion_copy(node):
+        node = node.args[0]
+    return node
+
+
+def _is_conversion_copy(node: fx.Node) -> bool:
+    """A conversion (`x.float()`, `x.to(...)`) whose traced result has another dtype or device than its input is
+    a copy: writing it leaves the input alone."""
+    result, source = _compat.traced_value(node), _compat.traced_value(node.args[0])
+    return isinstance(result, torch.Tensor) and isinstance(source, torch.Tensor) and \
+        (result.dtype != source.dtype or result.device != source.device)
+
+
 def _lookup(node: fx.Node) -> bool | None:
     target = node.target
     if node.op == "call_method":

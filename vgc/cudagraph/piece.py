@@ -40,9 +40,7 @@ def mutated_inputs(gm: fx.GraphModule) -> set[int]:
 
     def base_input(node):
         # Any result that may share its argument's storage counts: an in-place op on it may write the base.
-        while isinstance(node, fx.Node) and node not in placeholders and node.args and views.may_be_view(node) \
-                and not _is_conversion_copy(node):
-            node = node.args[0]
+        node = views.storage_base(node)
         return placeholders.get(node) if isinstance(node, fx.Node) else None
 
     mutated = set()
@@ -61,14 +59,6 @@ def mutated_inputs(gm: fx.GraphModule) -> set[int]:
             written = [node.args[0]]
         mutated.update(i for i in map(base_input, written) if i is not None)
     return mutated
-
-
-def _is_conversion_copy(node: fx.Node) -> bool:
-    """A conversion (`x.float()`, `x.to(...)`) whose traced result has another dtype or device than its input is
-    a copy: writing it leaves the input alone, so the input need not be pinned."""
-    result, source = _compat.traced_value(node), _compat.traced_value(node.args[0])
-    return isinstance(result, torch.Tensor) and isinstance(source, torch.Tensor) and \
-        (result.dtype != source.dtype or result.device != source.device)
 
 
 def _name(node: fx.Node) -> str:
