@@ -1,4 +1,4 @@
-"""CompilationConfig: checks and normalisation, the hashed fields, the not-built warnings and the docs table."""
+"""CompilationConfig: checks and normalisation, the hashed fields and the docs table."""
 
 import dataclasses
 import logging
@@ -11,8 +11,6 @@ from vgc.config import CompileCacheSaveFormat, CUDAGraphMode, DynamicShapesType,
 
 CONFIG_DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 BEGIN, END = "<!-- config-fields:begin -->\n", "<!-- config-fields:end -->"
-UNBUILT = {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [64],
-           "encoder_cudagraph_max_vision_items_per_batch": 2, "encoder_cudagraph_max_frames_per_batch": 0}
 
 
 def test_docs_config_table_matches_the_field_declarations():
@@ -29,7 +27,7 @@ def test_config_fields_keep_their_names_and_defaults():
         "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "dynamic_shapes_config",
         "cache_dir", "compile_cache_save_format", "cudagraph_mm_encoder", "encoder_cudagraph_token_budgets",
         "encoder_cudagraph_max_vision_items_per_batch", "encoder_cudagraph_max_frames_per_batch", "debug"]
-    assert config.splitting_ops == ["vgc::attention"]
+    assert config.splitting_ops == ["vgc::attention", "vgc::varlen_attention"]
     assert config.dynamic_shapes_config == vgc.DynamicShapesConfig(DynamicShapesType.BACKED)
     assert config.max_cudagraph_capture_size == 512 and config.cudagraph_mode is None
 
@@ -39,7 +37,7 @@ def test_config_hash_covers_the_codegen_fields_and_is_stable():
     assert set(config.hash_factors()) == {"splitting_ops", "compile_sizes", "inductor_compile_config",
                                           "compile_sizes_inductor_config", "dynamic_shapes_config"}
     # Every existing cache entry is keyed by this value: change it only on purpose.
-    assert config.compute_hash() == "fbfc0282208f7f7a"
+    assert config.compute_hash() == "75ed9519ef7dc53d"
     assert vgc.CompilationConfig(debug=True, cudagraph_mode="full", cudagraph_capture_sizes=[4],
                                  max_cudagraph_capture_size=64).compute_hash() == config.compute_hash()
 
@@ -85,15 +83,8 @@ def test_bad_config_value_names_field_value_and_fix(options, message):
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize("name", sorted(UNBUILT))
-def test_unbuilt_config_field_warns_when_set(name, caplog):
+def test_config_fields_log_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="vgc"):
-        vgc.CompilationConfig(**{name: UNBUILT[name]})
-    assert [r.getMessage() for r in caplog.records] == [
-        f"{name} is accepted but has no effect yet (encoder CUDA graphs are not built)"]
-
-
-def test_built_config_fields_log_nothing(caplog):
-    with caplog.at_level(logging.WARNING, logger="vgc"):
-        vgc.CompilationConfig(compile_sizes=[1], cudagraph_mode="piecewise", debug=True)
+        vgc.CompilationConfig(compile_sizes=[1], cudagraph_mode="piecewise", debug=True, cudagraph_mm_encoder=True,
+                              encoder_cudagraph_token_budgets=[64])
     assert caplog.records == []

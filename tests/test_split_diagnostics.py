@@ -60,7 +60,7 @@ def test_splitting_op_names_resolve_like_torch_ops():
 def test_sdpa_model_with_default_splitting_ops_says_which_op_splits_it(fresh_counters, no_cache, caplog, capsys,
                                                                       monkeypatch):
     caplog.set_level(logging.INFO, logger="vgc")
-    monkeypatch.setattr(vgc.backend, "_PROGRESS_DELAY_S", 0.0)   # show the bar at once: it must not disturb
+    monkeypatch.setattr(vgc.log, "PROGRESS_DELAY_S", 0.0)   # show the bar at once: it must not disturb
     torch.manual_seed(0)
     model = SelfAttention()
     backend = vgc.VgcBackend()
@@ -68,7 +68,7 @@ def test_sdpa_model_with_default_splitting_ops_says_which_op_splits_it(fresh_cou
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x), **FP32_TOL)
     assert _vgc_messages(caplog, NO_SPLIT) == [
-        "no splitting op of ['vgc::attention'] occurs in the graph; it has aten::scaled_dot_product_attention "
+        "no splitting op of ['vgc::attention', 'vgc::varlen_attention'] occurs in the graph; it has aten::scaled_dot_product_attention "
         "(x1): pass splitting_ops=['aten::scaled_dot_product_attention'] to split there"]
     assert len(backend.graphs[0].pieces) == 1 and fresh_counters.inductor_compiles == 1
     assert "vgc: graph 0" in capsys.readouterr().err

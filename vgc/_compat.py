@@ -371,3 +371,12 @@ def direct_kernel(target) -> Callable | None:
     if set(getattr(opdef, "_backend_fns", {None: None})) != {None} or any(overrides):
         return None
     return opdef._init_fn
+
+
+def flash_varlen_attention() -> Callable | None:
+    """torch's flash varlen attention (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-from tqdm import tqdm
 
-from vgc import _compat, views
+from vgc import _compat, log, views
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
 from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
@@ -28,7 +25,6 @@ from vgc.split import Piece, attention_like_ops, check_splitting_ops, split_grap
 
 logger = logging.getLogger("vgc")
 
-_PROGRESS_DELAY_S = 2.0   # a graph that compiles or loads faster than this shows no bar
 
 INFERENCE_ONLY = ("vgc compiles for inference: no gradient flows back through a model compiled with vgc. Call it "
                   "under torch.no_grad() or torch.inference_mode() (or call model.requires_grad_(False)); to train, "
@@ -113,44 +109,6 @@ def _compiler_guards(before: list, example_inputs: list) -> list:
     return [(expr, "Inductor's generated code", sources)
             for expr, _, sources in snapshot_shape_guards(_compat.detect_fake_mode(example_inputs))
             if str(expr) not in known]
-
-
-def _progress_disabled() -> bool | None:
-    """Whether to hide the compile bar: never with INFO on for vgc; always when vgc's logger is set quieter; with
-    default logging, unless stderr is a terminal (tqdm's None): a newcomer sees a long cold compile move, while
-    services and CI logs get no carriage-return noise."""
-    if logger.isEnabledFor(logging.INFO):
-        return False
-    return True if logger.level > logging.INFO else None
-
-
-@contextlib.contextmanager
-def _progress(total: int, desc: str):
-    """A bar over a graph's artifacts (on stderr) that appears once compiling has taken `_PROGRESS_DELAY_S`:
-    Inductor may spend many seconds in one artifact, during which the bar has nothing to update, so a thread shows
-    it then, and on a terminal keeps its clock ticking (in a log file each refresh would be another copy)."""
-    bar = tqdm(total=total, desc=desc, unit="artifact", delay=_PROGRESS_DELAY_S, leave=False,
-               disable=_progress_disabled())
-    done = threading.Event()
-    terminal = getattr(sys.stderr, "isatty", lambda: False)()
-
-    def tick():
-        if done.wait(_PROGRESS_DELAY_S):
-            return
-        bar.refresh()
-        while terminal and not done.wait(1.0):
-            bar.refresh()
-
-    ticker = threading.Thread(target=tick, name="vgc-progress", daemon=True)
-    if not bar.disable:
-        ticker.start()
-    try:
-        yield bar
-    finally:
-        done.set()
-        if ticker.is_alive():
-            ticker.join()
-        bar.close()
 
 
 class _InferenceOnly(torch.autograd.Function):
@@ -298,7 +256,7 @@ class VgcBackend:
         # Inference artifacts whatever the caller's grad mode: with autograd on, AOTAutograd would build a training
         # graph that saves activations, and the memo and cache (whose keys ignore grad mode) would hand it to
         # no_grad calls too.
-        with _progress(artifacts, f"vgc: graph {len(self.graphs)}") as progress, torch.no_grad():
+        with log.progress(artifacts, f"vgc: graph {len(self.graphs)}", unit="artifact") as progress, torch.no_grad():
             for piece in record.pieces:
                 record.counters.add(pieces=1, splitting_pieces=int(piece.is_splitting))
                 if piece.is_splitting:
@@ -350,7 +308,7 @@ class VgcBackend:
                     list(found))
 
     def _compile_piece(self, piece: Piece, example_inputs: list, store, graph_counters: Counters,
-                       progress: tqdm) -> CompiledPiece:
+                       progress) -> CompiledPiece:
         inductor_config = self.config.inductor_compile_config
         static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
         key = piece_key(piece.module, example_inputs,

@@ -122,9 +122,13 @@ def _as_list(value: Any, name: str) -> list:
     raise ValueError(f"{name} must be a list, got {type(value).__name__} {value!r}")
 
 
+# vgc's own attention ops: paged decoder attention and packed variable-length (vision encoder) attention.
+DEFAULT_SPLITTING_OPS = ("vgc::attention", "vgc::varlen_attention")
+
+
 def _splitting_ops(value: Any, name: str) -> list[str]:
     if value is None:
-        return ["vgc::attention"]
+        return list(DEFAULT_SPLITTING_OPS)
     ops = _as_list(value, name)
     for op in ops:
         if not isinstance(op, str) or "::" not in op or op.startswith("::") or op.endswith("::"):
@@ -165,15 +169,11 @@ class FieldSpec:
     # In the hash only if it changes the code Inductor generates; a field that changes where the code is stored
     # or how it is replayed would split the cache for nothing.
     in_hash: bool
-    # Accepted and validated before it works, so configs written for the finished feature load today; setting
-    # it logs that it has no effect rather than being silently ignored.
-    # Every field not built today belongs to encoder CUDA graphs, which the warning names.
-    built: bool = True
 
 
-def _field(doc: str, check: Callable[[Any, str], Any], *, in_hash: bool, built: bool = True,
+def _field(doc: str, check: Callable[[Any, str], Any], *, in_hash: bool,
            default: Any = None, factory: Callable[[], Any] | None = None) -> Any:
-    metadata = {"vgc": FieldSpec(doc, check, in_hash, built)}
+    metadata = {"vgc": FieldSpec(doc, check, in_hash)}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -194,7 +194,7 @@ class CompilationConfig:
 
     splitting_ops: list[str] | None = _field(
         "Operators the graph is split at; each runs eagerly between compiled pieces. None means "
-        "`['vgc::attention']`; `[]` gives one piece.", _splitting_ops, in_hash=True)
+        "vgc's attention ops, `['vgc::attention', 'vgc::varlen_attention']`; `[]` gives one piece.", _splitting_ops, in_hash=True)
     compile_sizes: list[int] = _field(
         "Sizes of the dynamic dimension that get a static-size Inductor artifact besides the symbolic-size one.",
         _sorted_ints(1), in_hash=True, factory=list)
@@ -223,29 +223,27 @@ class CompilationConfig:
         "`binary` or `unpacked` (keeps Inductor's generated code readable); None means "
         "`$VGC_COMPILE_CACHE_SAVE_FORMAT`, else `binary`.", _optional(_enum(CompileCacheSaveFormat)), in_hash=False)
     cudagraph_mm_encoder: bool = _field(
-        "Capture CUDA graphs for a multimodal model's vision encoder.",
-        _bool, in_hash=False, built=False, default=False)
+        "`vgc.encoder.EncoderCudaGraphManager` captures the encoder's forward as CUDA graphs at token budgets "
+        "(off: the same packing runs the compiled forward without graphs).",
+        _bool, in_hash=False, default=False)
     encoder_cudagraph_token_budgets: list[int] = _field(
-        "Encoder CUDA graphs: the token counts to capture at.",
-        _sorted_ints(1), in_hash=False, built=False, factory=list)
+        "Encoder CUDA graphs: the token budgets to capture at; empty means levels from the model's range, each at "
+        "most 1.25x the one before (padding <= ~20%), the largest always included.",
+        _sorted_ints(1), in_hash=False, factory=list)
     encoder_cudagraph_max_vision_items_per_batch: int = _field(
-        "Encoder CUDA graphs: the most images or videos in one captured batch.",
-        _int_at_least(0), in_hash=False, built=False, default=0)
+        "Encoder CUDA graphs: the most images or videos in one sub-batch; 0 means largest // smallest budget.",
+        _int_at_least(0), in_hash=False, default=0)
     encoder_cudagraph_max_frames_per_batch: int | None = _field(
-        "Encoder CUDA graphs: the most video frames in one captured batch.",
-        _int_at_least(0, none_ok=True), in_hash=False, built=False)
+        "Encoder CUDA graphs: the most attention sequences (video frames; an image is one) in one sub-batch; "
+        "None or 0 means items x the model's max frames per video.",
+        _int_at_least(0, none_ok=True), in_hash=False)
     debug: bool = _field(
         "CUDA graphs with `vgc.compile`: rerun the first call at each padded size, and one call in 100 after it, "
         "without graphs and raise if the replay differs.", _bool, in_hash=False, default=False)
 
     def __post_init__(self):
-        fields = dataclasses.fields(self)
-        for f in fields:
+        for f in dataclasses.fields(self):
             setattr(self, f.name, _spec(f).check(getattr(self, f.name), f.name))
-        # Warn only once the whole config is known to be valid.
-        for f in fields:
-            if not _spec(f).built and getattr(self, f.name) != _default(f):
-                logger.warning("%s is accepted but has no effect yet (encoder CUDA graphs are not built)", f.name)
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> "CompilationConfig":
@@ -299,11 +297,11 @@ def config_fields_markdown() -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
-    rows = ["| field | type | default | in cache hash | built | what it does |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| field | type | default | in cache hash | what it does |",
+            "|---|---|---|---|---|"]
     for f in dataclasses.fields(CompilationConfig):
         spec = _spec(f)
         rows.append(f"| `{f.name}` | `{cell(str(f.type))}` | `{cell(repr(_normalize(_default(f))))}` | "
-                    f"{'yes' if spec.in_hash else 'no'} | {'yes' if spec.built else '**no**'} | {cell(spec.doc)} |")
+                    f"{'yes' if spec.in_hash else 'no'} | {cell(spec.doc)} |")
     return "\n".join(rows) + "\n"
 

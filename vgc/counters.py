@@ -33,6 +33,8 @@ class Counters:
     dynamic_dispatches: int = field(default=0, metadata=_PER_CALL)   # piece calls served by the symbolic-size one
     cudagraph_replays: int = field(default=0, metadata=_PER_CALL)
     eager_runs: int = field(default=0, metadata=_PER_CALL)           # calls that ran without a CUDA graph
+    encoder_replays: int = field(default=0, metadata=_PER_CALL)      # encoder budget graphs replayed
+    encoder_eager_runs: int = field(default=0, metadata=_PER_CALL)   # encoder sub-batches run by the eager forward
 
     def __post_init__(self):
         self.parent: Counters | None = None

@@ -299,7 +299,11 @@ def _is_size_one_specialisation(expr) -> bool:
 
 
 def _is_equality(expr) -> bool:
-    return isinstance(expr, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in expr.args)
+    """`s0 == s1`, or `4*s0 == 4*s1` (two sizes that broadcast together, seen through a reshape)."""
+    if not isinstance(expr, sympy.Eq):
+        return False
+    (lc, lhs), (rc, rhs) = (side.as_coeff_Mul() for side in expr.args)
+    return lc == rc and isinstance(lhs, sympy.Symbol) and isinstance(rhs, sympy.Symbol)
 
 
 def _render(expr, names: dict) -> str:

@@ -8,10 +8,16 @@ instead, for warnings and errors only, like the last-resort handler.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
+
+from tqdm import tqdm
 
 logger = logging.getLogger("vgc")
+
+PROGRESS_DELAY_S = 2.0   # work that finishes faster than this shows no bar
 
 
 class _FallbackHandler(logging.StreamHandler):
@@ -39,3 +45,40 @@ class _FallbackHandler(logging.StreamHandler):
 def install_fallback_handler() -> None:
     if not any(isinstance(h, _FallbackHandler) for h in logger.handlers):
         logger.addHandler(_FallbackHandler())
+
+
+def _progress_disabled() -> bool | None:
+    """Whether to hide a progress bar: never with INFO on for vgc; always when vgc's logger is set quieter; with
+    default logging, unless stderr is a terminal (tqdm's None): a newcomer sees a long cold compile move, while
+    services and CI logs get no carriage-return noise."""
+    if logger.isEnabledFor(logging.INFO):
+        return False
+    return True if logger.level > logging.INFO else None
+
+
+@contextlib.contextmanager
+def progress(total: int, desc: str, *, unit: str):
+    """A bar (on stderr) that appears once the work has taken `PROGRESS_DELAY_S`: one step (an Inductor compile,
+    a graph capture) may take many seconds with nothing to update, so a thread shows the bar then, and on a
+    terminal keeps its clock ticking (in a log file each refresh would be another copy)."""
+    bar = tqdm(total=total, desc=desc, unit=unit, delay=PROGRESS_DELAY_S, leave=False, disable=_progress_disabled())
+    done = threading.Event()
+    terminal = getattr(sys.stderr, "isatty", lambda: False)()
+
+    def tick():
+        if done.wait(PROGRESS_DELAY_S):
+            return
+        bar.refresh()
+        while terminal and not done.wait(1.0):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, name="vgc-progress", daemon=True)
+    if not bar.disable:
+        ticker.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        if ticker.is_alive():
+            ticker.join()
+        bar.close()

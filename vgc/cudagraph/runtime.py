@@ -39,6 +39,15 @@ def capture(fn, pool):
     return graph, outputs
 
 
+def graphs_supported(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def new_pool():
+    """A fresh memory pool for graphs that share memory (they are replayed one at a time)."""
+    return torch.cuda.graph_pool_handle()
+
+
 def synchronize(device) -> None:
     torch.cuda.synchronize(device)
 
@@ -101,7 +110,7 @@ class GraphRuntime:
         handle whose graphs were all freed must never be captured into again.
         """
         if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+            self._pool = new_pool()
         return self._pool
 
     def is_stable(self, tensor: torch.Tensor) -> bool:

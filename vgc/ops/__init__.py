@@ -1,5 +1,6 @@
 """Custom ops of vgc. Importing this package registers ``torch.ops.vgc.*``."""
 
 from .attention import attention, reference_attention
+from .varlen_attention import reference_varlen_attention, varlen_attention
 
-__all__ = ["attention", "reference_attention"]
+__all__ = ["attention", "reference_attention", "reference_varlen_attention", "varlen_attention"]

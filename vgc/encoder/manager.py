@@ -1,0 +1,286 @@
+"""`EncoderCudaGraphManager`: a vision encoder as CUDA graphs at a few token budgets, with greedy packing.
+
+At start-up (`capture()`) the manager compiles the model's fixed-shape forward with vgc (one symbolic-size
+compile serves every budget, and a warm start loads it from the compile cache) and captures one graph per
+budget, largest first, into one memory pool. `execute(mm_kwargs)` packs the items into sub-batches, replays the
+smallest graph that holds each (items over every budget run the model's eager forward) and returns one output
+per item in the caller's order. Everything model-specific goes through `SupportsEncoderCudaGraph`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from vgc import log
+from vgc.config import CompilationConfig, CUDAGraphMode
+from vgc.counters import Counters, counters
+from vgc.cudagraph import runtime as cuda_runtime   # module attribute access: tests substitute capture()
+from vgc.encoder import data_parallel
+from vgc.encoder.pack import PathBudgets, SubBatch, budget_levels, pack
+from vgc.encoder.protocol import (DEFAULT_PATH, GLOBAL_PATH, LOCAL_PATH, BudgetGraphMetadata,
+                                  EncoderCudaGraphConfig, EncoderItemSpec, missing_methods)
+
+logger = logging.getLogger("vgc")
+
+_LOG_EVERY_ITEMS = 1000
+
+
+class EncoderCudaGraphManager:
+    """Budget CUDA graphs for one encoder. `config` defaults to `CompilationConfig(cudagraph_mm_encoder=True)`;
+    with `cudagraph_mm_encoder=False` (or off CUDA) the same packing runs the compiled forward without graphs.
+
+    `compile=False` records the model's own forward instead of vgc's compiled one. `data_parallel` (default:
+    on when `torch.distributed` is initialised with more than one rank in `group`) shares the items of every
+    `execute` among the ranks, which must all call it with the same batch.
+    """
+
+    def __init__(self, model: Any, config: CompilationConfig | None = None, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, compile: bool = True, data_parallel: bool | None = None,
+                 group: Any = None):
+        missing = missing_methods(model)
+        if missing:
+            raise TypeError(f"{type(model).__name__} does not implement SupportsEncoderCudaGraph: it lacks "
+                            f"{', '.join(missing)} (see vgc.encoder.SupportsEncoderCudaGraph)")
+        self.model = model
+        self.config = config if config is not None else CompilationConfig(cudagraph_mm_encoder=True)
+        self.model_config: EncoderCudaGraphConfig = model.get_encoder_cudagraph_config()
+        first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+        self.device = torch.device(device) if device is not None else (
+            first.device if first is not None else torch.device("cpu"))
+        self.dtype = dtype if dtype is not None else (first.dtype if first is not None else torch.float32)
+        self.use_graphs = bool(self.config.cudagraph_mm_encoder) and cuda_runtime.graphs_supported(self.device)
+        if self.config.cudagraph_mm_encoder and not self.use_graphs:
+            logger.info("encoder CUDA graphs need a CUDA device (the encoder is on %s): the compiled encoder runs "
+                        "without graphs", self.device)
+        self.paths = self._resolve_budgets()
+        self.group = group
+        self.data_parallel = data_parallel if data_parallel is not None else (
+            dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1)
+        self._compile = compile
+        self._forwards: dict[str, Callable] = {}
+        self.graphs: dict[str, dict[int, BudgetGraphMetadata]] = {path: {} for path in self.paths}
+        self.counters = Counters.child_of(counters)
+        self._pool = None
+        self._captured = False
+        self._seconds: dict[str, float] = {}
+        self._items = {"hit": 0, "missed": 0}
+        self._path_items: dict[str, dict[str, int]] = {p: {"replayed": 0, "eager": 0} for p in self.paths}
+        self._replays: dict[str, dict[int, int]] = {p: defaultdict(int) for p in self.paths}
+        self._tokens = {"real": 0, "padded": 0}
+        self._logged_at = 0
+
+    # ---- budgets ----
+    def _resolve_budgets(self) -> dict[str, PathBudgets]:
+        smallest, largest = self.model.get_encoder_cudagraph_budget_range(self.config)
+        if not (isinstance(smallest, int) and isinstance(largest, int) and 1 <= smallest <= largest):
+            raise ValueError(f"{type(self.model).__name__}.get_encoder_cudagraph_budget_range() must return "
+                             f"(smallest, largest) ints with 1 <= smallest <= largest, got ({smallest}, {largest})")
+        chosen = list(self.config.encoder_cudagraph_token_budgets)
+        max_items = self.config.encoder_cudagraph_max_vision_items_per_batch or max(1, largest // smallest)
+        max_frames = self.config.encoder_cudagraph_max_frames_per_batch or \
+            max_items * max(1, self.model_config.max_frames_per_video)
+        if not self.model_config.enable_dual_path_graph:
+            budgets = chosen or budget_levels(smallest, largest)
+            return {DEFAULT_PATH: PathBudgets(tuple(budgets), max_items, max_frames, unit=smallest)}
+        units = {GLOBAL_PATH: self.model_config.global_token_per_image,
+                 LOCAL_PATH: self.model_config.local_token_per_patch}
+        paths = {}
+        for path, unit in units.items():
+            if unit < 1:
+                raise ValueError(f"a dual-path encoder config needs global_token_per_image and "
+                                 f"local_token_per_patch >= 1, got {path} {unit}")
+            if chosen:   # the user's budgets, rounded up to whole images or patches of this path
+                levels = sorted({math.ceil(b / unit) * unit for b in chosen})
+            else:
+                levels = budget_levels(unit, max(unit, largest // unit * unit), unit=unit)
+            zero = [0] if path == LOCAL_PATH else []   # images without local patches skip that path
+            paths[path] = PathBudgets(tuple(zero + levels), max_items, max_frames)
+        return paths
+
+    # ---- start-up ----
+    def capture(self) -> dict[str, Any]:
+        """Compile the encoder and capture every budget's graph (largest first, one pool); returns `stats()`.
+        Nothing compiles or captures after this."""
+        if self._captured:
+            return self.stats()
+        start = time.perf_counter()
+        todo = [(path, b) for path, levels in self.paths.items() for b in sorted(levels.budgets, reverse=True)
+                if b > 0]
+        if not self.use_graphs:   # compile only: trace each path once at its largest budget
+            todo = [(path, self.paths[path].largest) for path in self.paths if self.paths[path].largest > 0]
+        with log.progress(len(todo), "vgc: encoder graphs", unit="graph") as bar, torch.no_grad():
+            for path, budget in todo:
+                self._capture_one(path, budget)
+                bar.update(1)
+        self._captured = True
+        self._seconds["capture"] = time.perf_counter() - start
+        logger.info("encoder: %s in %.2f s (budgets %s)", f"captured {len(todo)} graphs" if self.use_graphs
+                    else "compiled without graphs", self._seconds["capture"],
+                    {p: list(b.budgets) for p, b in self.paths.items()})
+        return self.stats()
+
+    def _capture_one(self, path: str, budget: int) -> None:
+        max_items, max_frames = self.paths[path].capacity(budget)
+        inputs = self.model.prepare_encoder_cudagraph_capture_inputs(budget, max_items, max_frames, self.device,
+                                                                     self.dtype, path=path)
+        values = dict(inputs.values)
+        forward = self._forward(path, values)
+        forward(values)   # the first run traces and compiles (once per path), loads kernels and autotunes
+        if not self.use_graphs:
+            return
+        if self._pool is None:
+            self._pool = cuda_runtime.new_pool()
+        cuda_runtime.synchronize(self.device)
+        before = cuda_runtime.reserved_bytes(self.device)
+        with cuda_runtime.frozen_gc():
+            graph, output = cuda_runtime.capture(lambda: forward(values), self._pool)
+        cuda_runtime.synchronize(self.device)
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"encoder_cudagraph_forward(path={path!r}) must return one tensor, got "
+                            f"{type(output).__name__}")
+        self.graphs[path][budget] = BudgetGraphMetadata(
+            path, budget, max_items, max_frames, graph, values, output,
+            memory_bytes=cuda_runtime.reserved_bytes(self.device) - before)
+        self.counters.add(cudagraph_captures=1)
+
+    def _forward(self, path: str, values: dict[str, torch.Tensor]) -> Callable:
+        if path in self._forwards:
+            return self._forwards[path]
+        model = self.model
+
+        def encoder_forward(inputs):
+            return model.encoder_cudagraph_forward(inputs, path=path)
+
+        forward = encoder_forward
+        if self._compile:
+            from vgc.api import CompiledModel   # vgc.api imports the backend; the encoder package stays light
+            dims = {k: d for k, d in self.model_config.token_dims.items() if k in values}
+            config = dataclasses.replace(self.config, cudagraph_mode=CUDAGraphMode.NONE)
+            forward = CompiledModel(encoder_forward, config, dynamic_arg_dims={"inputs": dims} if dims else None)
+        self._forwards[path] = forward
+        return forward
+
+    # ---- serving ----
+    def execute(self, mm_kwargs: dict) -> list[torch.Tensor]:
+        """The encoder output of every item in `mm_kwargs`, in their order."""
+        if not self._captured:
+            raise RuntimeError("EncoderCudaGraphManager.execute() before capture(): call capture() at start-up, "
+                               "so that no request compiles or captures")
+        if not self.data_parallel:
+            return self._execute_local(mm_kwargs)
+        specs = self.model.get_encoder_cudagraph_item_specs(mm_kwargs)
+        shares = data_parallel.balance([s.input_size for s in specs], dist.get_world_size(self.group))
+        mine = shares[dist.get_rank(self.group)]
+        local = self._execute_local(self.model.select_encoder_cudagraph_items(mm_kwargs, mine)) if mine else []
+        return data_parallel.gather(local, shares, self.group)
+
+    def _execute_local(self, mm_kwargs: dict) -> list[torch.Tensor]:
+        specs = self.model.get_encoder_cudagraph_item_specs(mm_kwargs)
+        outputs: list[torch.Tensor | None] = [None] * len(specs)
+        with torch.no_grad():
+            for batch in pack(specs, self.paths, max(p.max_items for p in self.paths.values())):
+                results = self._run(batch, mm_kwargs, specs)
+                for index, result in zip(batch.indices, results):
+                    outputs[index] = result
+        self._maybe_log()
+        return outputs
+
+    def _run(self, batch: SubBatch, mm_kwargs: dict, specs: list[EncoderItemSpec]) -> list[torch.Tensor]:
+        items = self.model.select_encoder_cudagraph_items(mm_kwargs, list(batch.indices))
+        by_path, hit = {}, True
+        for path in self.paths:
+            budget, tokens = batch.budgets[path], batch.tokens[path]
+            if budget == 0:
+                by_path[path] = None
+                continue
+            if budget is None:
+                by_path[path] = self.model.encoder_eager_forward(items, path=path)
+                counters.encoder_eager_runs += 1
+                self._path_items[path]["eager"] += len(batch.indices)
+                hit = False
+                continue
+            by_path[path] = self._run_budget(path, budget, tokens, items)
+            self._path_items[path]["replayed"] += len(batch.indices)
+        self._items["hit" if hit else "missed"] += len(batch.indices)
+        main = by_path.get(DEFAULT_PATH, by_path.get(GLOBAL_PATH))
+        results = self.model.postprocess_encoder_output(main, items, [specs[i] for i in batch.indices],
+                                                        local_output=by_path.get(LOCAL_PATH))
+        if len(results) != len(batch.indices):
+            raise ValueError(f"postprocess_encoder_output returned {len(results)} outputs for "
+                             f"{len(batch.indices)} items")
+        return results
+
+    def _run_budget(self, path: str, budget: int, tokens: int, items: dict) -> torch.Tensor:
+        max_items, max_frames = self.paths[path].capacity(budget)
+        values = self.model.prepare_encoder_cudagraph_replay_buffers(items, max_items, max_frames, path=path).values
+        self._tokens["real"] += tokens
+        self._tokens["padded"] += budget - tokens
+        if not self.use_graphs:   # the compiled forward at the sub-batch's own size: no padding to pay for
+            output = self._forwards[path]({k: v for k, v in values.items() if v is not None})
+            return output[:tokens]
+        meta = self.graphs[path][budget]
+        for key, buffer in meta.input_buffers.items():
+            value = values.get(key)
+            if value is not None:
+                self._fill(key, buffer, value)
+        meta.graph.replay()
+        counters.encoder_replays += 1
+        self._replays[path][budget] += 1
+        return meta.output_buffer[:tokens].clone()   # the next replay of this graph overwrites the buffer
+
+    def _fill(self, key: str, buffer: torch.Tensor, value: torch.Tensor) -> None:
+        logic = self.model_config.padding_logics.get(key)
+        if logic is not None:
+            logic(buffer, value)
+            return
+        if value.shape == buffer.shape:
+            buffer.copy_(value)
+            return
+        dim = self.model_config.token_dims.get(key, 0)
+        rows = value.shape[dim] if value.dim() else 0
+        fits = value.dim() == buffer.dim() and rows <= buffer.shape[dim] and all(
+            value.shape[d] == buffer.shape[d] for d in range(value.dim()) if d != dim)
+        if not fits:
+            raise ValueError(f"replay value {key!r} of shape {tuple(value.shape)} does not fit its captured buffer "
+                             f"{tuple(buffer.shape)} (dim {dim} grows with the budget); the model's "
+                             "prepare_encoder_cudagraph_replay_buffers and capture inputs disagree")
+        buffer.narrow(dim, 0, rows).copy_(value)
+        buffer.narrow(dim, rows, buffer.shape[dim] - rows).zero_()   # only the padding: the rest was just written
+
+    # ---- reporting ----
+    def stats(self) -> dict[str, Any]:
+        items = self._items["hit"] + self._items["missed"]
+        seen = self._tokens["real"] + self._tokens["padded"]
+        return {
+            "graphs": self.use_graphs,
+            "budgets": {p: list(b.budgets) for p, b in self.paths.items()},
+            "max_items_per_batch": {p: b.max_items for p, b in self.paths.items()},
+            "max_frames_per_batch": {p: b.max_frames for p, b in self.paths.items()},
+            "captured": {p: sorted(g) for p, g in self.graphs.items()},
+            "graph_memory_bytes": {p: {b: m.memory_bytes for b, m in sorted(g.items())}
+                                   for p, g in self.graphs.items()},
+            "items_hit": self._items["hit"], "items_missed": self._items["missed"],
+            "hit_rate": self._items["hit"] / items if items else None,
+            "path_items": {p: dict(v) for p, v in self._path_items.items()},
+            "replays": {p: dict(sorted(r.items())) for p, r in self._replays.items()},
+            "padding_waste": self._tokens["padded"] / seen if seen else None,
+            "seconds": dict(self._seconds),
+            "counters": self.counters.as_dict(per_call=False),
+        }
+
+    def _maybe_log(self) -> None:
+        items = self._items["hit"] + self._items["missed"]
+        if items - self._logged_at < _LOG_EVERY_ITEMS:
+            return
+        self._logged_at = items
+        stats = self.stats()
+        logger.info("encoder graphs: %d items, hit rate %.1f%%, padding %.1f%% of replayed tokens", items,
+                    100 * stats["hit_rate"], 100 * (stats["padding_waste"] or 0))
