@@ -15,6 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import vgc  # noqa: E402
+from vgc.cudagraph import runtime as cuda_runtime  # noqa: E402
+from vgc.cudagraph.padding import output_tensors  # noqa: E402
 from vgc.models import llama  # noqa: E402
 
 # fp32 on CPU: Inductor reorders reductions and fuses ops, so results differ from eager by rounding only.
@@ -90,3 +92,44 @@ class MLP(torch.nn.Module):
 
     def forward(self, x):
         return self.down(torch.nn.functional.gelu(self.up(x))) + x
+
+
+# The CUDA-graph runtime on the CPU: a stand-in for graph capture. It keeps what matters about a real graph: a
+# replay reads the tensors the graph was captured with, in place, and writes into the same output tensors. A
+# runtime that forgets to copy an input in, reads a buffer that moved, or hands out memory the next replay
+# overwrites fails as it would on a GPU. tests/test_gpu.py runs the real thing.
+class RecordedGraph:
+    """Capture ran `fn` once (a real capture records, then its first replay runs); later replays run it again
+    on the captured inputs and write the results into the captured outputs."""
+
+    def __init__(self, fn, outputs):
+        self.fn, self.outputs, self.first = fn, outputs, True
+
+    def replay(self):
+        if self.first:
+            self.first = False
+            return
+        for old, new in zip(output_tensors(self.outputs), output_tensors(self.fn())):
+            old.copy_(new)
+
+
+@pytest.fixture
+def simulated_capture(monkeypatch):
+    """Graph capture and replay through `RecordedGraph`, on whatever device the tensors are."""
+    def capture(fn, pool):
+        outputs = fn()
+        return RecordedGraph(fn, outputs), outputs
+
+    monkeypatch.setattr(cuda_runtime, "capture", capture)
+    monkeypatch.setattr(cuda_runtime, "synchronize", lambda device: None)
+    monkeypatch.setattr(cuda_runtime, "reserved_bytes", lambda device: 0)
+    monkeypatch.setattr(cuda_runtime, "new_pool", lambda: None)
+    monkeypatch.setattr(cuda_runtime, "graphs_supported", lambda device: True)
+
+
+@pytest.fixture
+def simulated_cuda(monkeypatch, simulated_capture, no_cache, fresh_counters):
+    """`simulated_capture`, with the compiled model's inputs reported as CUDA tensors (so vgc.compile sets up its
+    graph runtime), no on-disk cache and fresh counters."""
+    monkeypatch.setattr(vgc._compat, "device_from_inputs", lambda example_inputs: torch.device("cuda"))
+    return fresh_counters

@@ -13,40 +13,8 @@ import torch.nn.functional as F
 
 import vgc
 import vgc.backend
-from vgc.cudagraph import runtime as cuda_runtime
-from vgc.cudagraph.padding import output_tensors
-from vgc.cudagraph.runtime import GraphRuntime
 from vgc.models import llama
 from conftest import FP32_TOL, hf_llama
-
-
-class RecordedGraph:
-    """Capture ran `fn` once (a real capture records, then its first replay runs); later replays run it again
-    on the captured inputs and write the results into the captured outputs."""
-
-    def __init__(self, fn, outputs):
-        self.fn, self.outputs, self.first = fn, outputs, True
-
-    def replay(self):
-        if self.first:
-            self.first = False
-            return
-        for old, new in zip(output_tensors(self.outputs), output_tensors(self.fn())):
-            old.copy_(new)
-
-
-@pytest.fixture
-def simulated_cuda(monkeypatch, no_cache, fresh_counters):
-    def capture(fn, pool):
-        outputs = fn()
-        return RecordedGraph(fn, outputs), outputs
-
-    monkeypatch.setattr(cuda_runtime, "capture", capture)
-    monkeypatch.setattr(cuda_runtime, "synchronize", lambda device: None)
-    monkeypatch.setattr(cuda_runtime, "reserved_bytes", lambda device: 0)
-    monkeypatch.setattr(GraphRuntime, "pool", lambda self: None)
-    monkeypatch.setattr(vgc._compat, "device_from_inputs", lambda example_inputs: torch.device("cuda"))
-    return fresh_counters
 
 
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 32]

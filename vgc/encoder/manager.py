@@ -142,6 +142,7 @@ class EncoderCudaGraphManager:
         before = cuda_runtime.reserved_bytes(self.device)
         with cuda_runtime.frozen_gc():
             graph, output = cuda_runtime.capture(lambda: forward(values), self._pool)
+        graph.replay()   # capture only records: a graph that cannot run fails here, at start-up, not on a request
         cuda_runtime.synchronize(self.device)
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"encoder_cudagraph_forward(path={path!r}) must return one tensor, got "
@@ -222,10 +223,10 @@ class EncoderCudaGraphManager:
         max_items, max_frames = self.paths[path].capacity(budget)
         values = self.model.prepare_encoder_cudagraph_replay_buffers(items, max_items, max_frames, path=path).values
         self._tokens["real"] += tokens
-        self._tokens["padded"] += budget - tokens
         if not self.use_graphs:   # the compiled forward at the sub-batch's own size: no padding to pay for
             output = self._forwards[path]({k: v for k, v in values.items() if v is not None})
             return output[:tokens]
+        self._tokens["padded"] += budget - tokens
         meta = self.graphs[path][budget]
         for key, buffer in meta.input_buffers.items():
             value = values.get(key)

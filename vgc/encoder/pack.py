@@ -30,7 +30,7 @@ def budget_levels(smallest: int, largest: int, *, unit: int | None = None, growt
     unit = unit or smallest
     levels = [smallest]
     while True:
-        step = max(unit, math.ceil(levels[-1] * (growth - 1) / unit) * unit)
+        step = max(unit, math.floor(levels[-1] * (growth - 1) / unit) * unit)
         following = levels[-1] + step
         if following >= largest:
             break

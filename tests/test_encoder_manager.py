@@ -1,0 +1,163 @@
+"""EncoderCudaGraphManager on the CPU: capture and replay through the graph stand-in (`simulated_capture`),
+vgc-compiled forwards from the compile cache, data-parallel sharding over gloo. tests/test_gpu.py runs real
+graphs on CUDA."""
+
+import os
+import random
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import vgc
+from vgc.encoder import EncoderCudaGraphManager, SupportsEncoderCudaGraph
+from vgc.encoder.data_parallel import balance
+from vgc.models import vit
+
+# fp32: graph replays pad with zeros and compiled pieces reorder reductions; both change rounding only.
+TOL = dict(atol=1e-5, rtol=1e-5)
+CFG = vit.tiny_vit_config()   # 32x32 pixels -> 4 tokens; budgets 4..256 tokens
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    torch.manual_seed(0)
+    return vit.VisionEncoder(CFG).eval()
+
+
+def eager_items(model, mm):
+    with torch.no_grad():
+        out = model(**mm)
+    return list(torch.split(out, [s.output_tokens for s in model.get_encoder_cudagraph_item_specs(mm)]))
+
+
+def assert_items_close(got, want):
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w, **TOL, msg=f"item {i}")
+
+
+def random_request(rng, videos=False):
+    sides = [rng.choice([32, 48, 64, 96, 128, (32, 96), (64, 32)]) for _ in range(rng.randint(1, 5))]
+    frames = [rng.choice([1, 1, 2, 4]) if videos else 1 for _ in sides]
+    return vit.make_images(CFG, sides, frames=frames, seed=rng.randint(0, 10 ** 6))
+
+
+def test_the_reference_vit_implements_the_protocol(encoder):
+    assert isinstance(encoder, SupportsEncoderCudaGraph)
+
+
+def test_a_model_without_the_protocol_is_refused_by_name():
+    with pytest.raises(TypeError, match=r"Linear does not implement SupportsEncoderCudaGraph: it lacks "
+                                        r"get_encoder_cudagraph_config, .*postprocess_encoder_output"):
+        EncoderCudaGraphManager(torch.nn.Linear(2, 2))
+
+
+def test_execute_before_capture_is_an_error(encoder):
+    manager = EncoderCudaGraphManager(encoder, compile=False)
+    with pytest.raises(RuntimeError, match="call capture\\(\\) at start-up"):
+        manager.execute(vit.make_images(CFG, [32]))
+
+
+def test_budgets_items_and_frames_follow_the_config_and_the_model(encoder):
+    auto = EncoderCudaGraphManager(encoder, compile=False).paths["default"]
+    assert auto.budgets[0] == 4 and auto.budgets[-1] == CFG.max_batch_tokens
+    assert auto.max_items == CFG.max_batch_tokens // 4 and auto.max_frames == auto.max_items * 4
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[16, 64],
+                                   encoder_cudagraph_max_vision_items_per_batch=3,
+                                   encoder_cudagraph_max_frames_per_batch=5)
+    chosen = EncoderCudaGraphManager(encoder, config, compile=False).paths["default"]
+    assert (chosen.budgets, chosen.max_items, chosen.max_frames) == ((16, 64), 3, 5)
+    assert chosen.capacity(16) == (3, 4) and chosen.capacity(64) == (3, 5)
+
+
+def test_graph_replays_equal_eager_for_images_videos_and_mixed_batches(encoder, simulated_capture, fresh_counters):
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[8, 16, 32, 64, 256])
+    manager = EncoderCudaGraphManager(encoder, config, compile=False)
+    manager.capture()
+    assert fresh_counters.cudagraph_captures == 5
+    rng = random.Random(0)
+    for step in range(12):   # a smaller batch after a larger one: stale buffer contents must not leak in
+        mm = random_request(rng, videos=step % 3 == 2)
+        assert_items_close(manager.execute(mm), eager_items(encoder, mm))
+    stats = manager.stats()
+    assert stats["items_missed"] == 0 and stats["hit_rate"] == 1.0 and fresh_counters.encoder_eager_runs == 0
+    assert fresh_counters.encoder_replays == sum(stats["replays"]["default"].values()) > 0
+    assert 0 < stats["padding_waste"] < 1
+
+
+def test_items_over_every_budget_run_eagerly_and_are_counted_as_misses(encoder, simulated_capture, fresh_counters):
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[8, 16])
+    manager = EncoderCudaGraphManager(encoder, config, compile=False)
+    manager.capture()
+    mm = vit.make_images(CFG, [32, 128, 48, 64], seed=3)   # 4, 64, 9 and 16 tokens: 128x128 is over 16
+    outputs = manager.execute(mm)
+    assert_items_close(outputs, eager_items(encoder, mm))
+    stats = manager.stats()
+    assert (stats["items_hit"], stats["items_missed"]) == (3, 1)
+    assert fresh_counters.encoder_eager_runs == 1
+    kept = [o.clone() for o in outputs]
+    manager.execute(vit.make_images(CFG, [64, 64], seed=4))
+    assert_items_close(outputs, kept)   # outputs are the caller's: the next replay does not overwrite them
+
+
+def test_vgc_compiled_budgets_load_from_the_cache_and_never_compile_on_a_request(encoder, simulated_capture,
+                                                                                  fresh_counters, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path))
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[8, 32, 128])
+    with vgc.counters.expect(dynamo_traces=1):
+        EncoderCudaGraphManager(encoder, config).capture()   # one trace serves every budget
+    assert vgc.counters.inductor_compiles > 0
+    torch._dynamo.reset()
+    manager = EncoderCudaGraphManager(encoder, config)
+    with vgc.counters.expect(inductor_compiles=0, cache_misses=0, cudagraph_captures=3) as d:
+        manager.capture()   # a warm start: every artifact from the cache
+    assert d["artifacts_loaded"] > 0
+    rng = random.Random(1)
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, cudagraph_captures=0):
+        for step in range(4):
+            mm = random_request(rng, videos=step == 3)
+            assert_items_close(manager.execute(mm), eager_items(encoder, mm))
+
+
+def test_without_graphs_the_compiled_forward_runs_each_sub_batch_at_its_own_size(encoder, no_cache,
+                                                                                 fresh_counters):
+    manager = EncoderCudaGraphManager(encoder, vgc.CompilationConfig(cudagraph_mm_encoder=False))
+    manager.capture()
+    rng = random.Random(2)
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, encoder_replays=0):
+        for step in range(3):
+            mm = random_request(rng, videos=step == 2)
+            assert_items_close(manager.execute(mm), eager_items(encoder, mm))
+    assert manager.stats()["padding_waste"] == 0.0
+
+
+def test_balance_spreads_items_by_size_and_keeps_every_index():
+    # Largest first, each to the least-loaded rank: 9 | 7, 5 | then 3, 3 to rank 0 and 1 to rank 1 (15 vs 13).
+    assert balance([5, 1, 9, 3, 3, 7], 2) == [[2, 3, 4], [0, 1, 5]]
+    assert balance([4], 3) == [[0], [], []]
+
+
+def _data_parallel_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        model = vit.VisionEncoder(CFG).eval()   # same seed: the same weights on every rank
+        manager = EncoderCudaGraphManager(model, vgc.CompilationConfig(cudagraph_mm_encoder=False), compile=False)
+        assert manager.data_parallel
+        manager.capture()
+        mm = vit.make_images(CFG, [128, 32, 64, 48, (32, 96), 64, 32], frames=[1, 1, 4, 1, 1, 1, 2], seed=7)
+        torch.save(manager.execute(mm), os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_data_parallel_over_two_gloo_ranks_equals_one_process(encoder, tmp_path):
+    mp.start_processes(_data_parallel_rank, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    mm = vit.make_images(CFG, [128, 32, 64, 48, (32, 96), 64, 32], frames=[1, 1, 4, 1, 1, 1, 2], seed=7)
+    want = eager_items(encoder, mm)
+    for rank in range(2):
+        assert_items_close(torch.load(tmp_path / f"rank{rank}.pt"), want)
