@@ -32,7 +32,9 @@ def _eager(model, mm):
 
 def _request(cfg, rng, videos):
     sides = [rng.choice([224, 336, 448, (224, 672), 672, 896]) for _ in range(rng.randint(1, 4))]
-    frames = [rng.choice([1, 8, 16]) if videos and i == 0 else 1 for i in range(len(sides))]
+    frames = [1] * len(sides)
+    if videos:   # item 0 a video of 8 or 16 frames, at most 8 x 144 tokens
+        sides[0], frames[0] = rng.choice([224, 336]), rng.choice([8, 16])
     return vit.make_images(cfg, sides, frames=frames, device="cuda", seed=rng.randint(0, 10 ** 6))
 
 
