@@ -67,4 +67,4 @@ def test_items_over_every_budget_fall_back_to_eager(small_vit):
     for g, w in zip(got, _eager(model, mm)):
         torch.testing.assert_close(g, w, **BF16_TOL)
     assert (manager.stats()["items_hit"], manager.stats()["items_missed"]) == (2, 1)
-    assert max(manager.stats()["graph_memory_bytes"]["default"].values()) > 0   # smaller graphs reuse the pool
+    assert sum(manager.stats()["graph_memory_bytes"]["default"].values()) > 0   # smaller graphs reuse the pool

@@ -107,35 +107,55 @@ class EncoderCudaGraphManager:
 
     # ---- start-up ----
     def capture(self) -> dict[str, Any]:
-        """Compile the encoder and capture every budget's graph (largest first, one pool); returns `stats()`.
-        Nothing compiles or captures after this."""
+        """Compile the encoder (or load it from the compile cache) and capture every budget's graph (largest
+        first, one pool); returns `stats()`. Nothing compiles or captures after this."""
         if self._captured:
             return self.stats()
         start = time.perf_counter()
-        todo = [(path, b) for path, levels in self.paths.items() for b in sorted(levels.budgets, reverse=True)
-                if b > 0]
-        if not self.use_graphs:   # compile only: trace each path once at its largest budget
-            todo = [(path, self.paths[path].largest) for path in self.paths if self.paths[path].largest > 0]
-        with log.progress(len(todo), "vgc: encoder graphs", unit="graph") as bar, torch.no_grad():
+        traced = [path for path, levels in self.paths.items() if levels.largest > 0] if self._compile else []
+        todo = [(path, b) for path in traced for b in sorted(self.paths[path].budgets, reverse=True) if b > 0]
+        if not self.use_graphs:
+            todo = []
+        with log.progress(len(traced) + len(todo), "vgc: encoder graphs", unit="step") as bar, torch.no_grad():
+            for path in traced:
+                self._trace(path)
+                bar.update(1)
+            self._seconds["compile"] = time.perf_counter() - start
             for path, budget in todo:
                 self._capture_one(path, budget)
                 bar.update(1)
         self._captured = True
-        self._seconds["capture"] = time.perf_counter() - start
-        logger.info("encoder: %s in %.2f s (budgets %s)", f"captured {len(todo)} graphs" if self.use_graphs
-                    else "compiled without graphs", self._seconds["capture"],
+        self._seconds["capture"] = time.perf_counter() - start - self._seconds["compile"]
+        logger.info("encoder: compiled in %.2f s, captured %d graphs in %.2f s (budgets %s)",
+                    self._seconds["compile"], len(todo), self._seconds["capture"],
                     {p: list(b.budgets) for p, b in self.paths.items()})
         return self.stats()
 
-    def _capture_one(self, path: str, budget: int) -> None:
+    def _trace(self, path: str) -> None:
+        """Trace and compile the path's forward once, at a budget no size of the model can equal.
+
+        A traced size that happens to equal a fixed size (a budget of 256 tokens in a 256-wide model) can be
+        compared with it while tracing, and the comparison then pins the dynamic size to that value.
+        """
+        unit = {GLOBAL_PATH: self.model_config.global_token_per_image,
+                LOCAL_PATH: self.model_config.local_token_per_patch}.get(path, 1)
+        fixed = [d for p in (self.model.parameters() if hasattr(self.model, "parameters") else ()) for d in p.shape]
+        self._forward_at(path, unit * _next_prime(max([self.paths[path].largest // unit, *fixed]) + 1))
+
+    def _forward_at(self, path: str, budget: int) -> tuple[Callable, dict[str, torch.Tensor]]:
+        """Run the path's forward once on its capture inputs for `budget`: the first run of a path traces and
+        compiles; later ones load kernels and autotune for that size."""
         max_items, max_frames = self.paths[path].capacity(budget)
         inputs = self.model.prepare_encoder_cudagraph_capture_inputs(budget, max_items, max_frames, self.device,
                                                                      self.dtype, path=path)
         values = dict(inputs.values)
         forward = self._forward(path, values)
-        forward(values)   # the first run traces and compiles (once per path), loads kernels and autotunes
-        if not self.use_graphs:
-            return
+        forward(values)
+        return forward, values
+
+    def _capture_one(self, path: str, budget: int) -> None:
+        max_items, max_frames = self.paths[path].capacity(budget)
+        forward, values = self._forward_at(path, budget)
         if self._pool is None:
             self._pool = cuda_runtime.new_pool()
         cuda_runtime.synchronize(self.device)
@@ -149,7 +169,7 @@ class EncoderCudaGraphManager:
                             f"{type(output).__name__}")
         self.graphs[path][budget] = BudgetGraphMetadata(
             path, budget, max_items, max_frames, graph, values, output,
-            memory_bytes=cuda_runtime.reserved_bytes(self.device) - before)
+            memory_bytes=max(0, cuda_runtime.reserved_bytes(self.device) - before))   # < 0: the allocator freed elsewhere
         self.counters.add(cudagraph_captures=1)
 
     def _forward(self, path: str, values: dict[str, torch.Tensor]) -> Callable:
@@ -285,3 +305,11 @@ class EncoderCudaGraphManager:
         stats = self.stats()
         logger.info("encoder graphs: %d items, hit rate %.1f%%, padding %.1f%% of replayed tokens", items,
                     100 * stats["hit_rate"], 100 * (stats["padding_waste"] or 0))
+
+
+def _next_prime(n: int) -> int:
+    """The smallest prime >= n."""
+    candidate = max(2, n)
+    while any(candidate % d == 0 for d in range(2, math.isqrt(candidate) + 1)):
+        candidate += 1
+    return candidate

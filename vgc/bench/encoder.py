@@ -1,0 +1,460 @@
+"""`vgc bench encoder`: request latency of a Qwen2-VL-shaped vision encoder, every execution strategy in one run.
+
+Scenarios (request lists drawn from `--seed`; a request is the mm_kwargs of its images and videos):
+  a  chat: 1-2 images, square-ish, 224^2-672^2 (70% up to 448^2)
+  b  heavy: 1-4 images, 224^2-1344^2
+  c  20 images of 336^2
+  d  two-tower stream (`vgc.models.two_tower`): 1-2 images, each with 0-9 local crops
+  e  mixed: 1-2 images 224^2-672^2 plus one video of 8-32 frames at 336^2 or 448^2
+Sides are multiples of 28 (patch 14 x merge 2); `--model tiny` scales them to its own patch and merge, so its
+token counts are the full model's.
+
+Rows: the model's eager path; torch.compile(dynamic=True) of it, Inductor default and mode="reduce-overhead";
+`EncoderCudaGraphManager` without graphs, with graphs at its auto budgets, at the seed's powers of two and at
+linear steps of 512 tokens. One process, one model instance; each manager captures once and serves every
+scenario of its model. Each request is timed alone: synchronize, run, synchronize.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import importlib
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+ROWS = ("eager", "compile-default", "compile-reduce-overhead", "vgc-nograph", "vgc-graphs", "vgc-graphs-pow2",
+        "vgc-graphs-linear")
+GRAPH_ROWS = ("vgc-graphs", "vgc-graphs-pow2", "vgc-graphs-linear")
+COMPILE_MODES = {"compile-default": None, "compile-reduce-overhead": "reduce-overhead"}
+SCENARIOS = {
+    "a": "chat: 1-2 images 224^2-672^2 (70% <= 448^2)",
+    "b": "heavy: 1-4 images 224^2-1344^2",
+    "c": "20 images of 336^2",
+    "d": "two-tower: 1-2 images, 0-9 local crops each",
+    "e": "mixed: 1-2 images 224^2-672^2 + one video of 8-32 frames at 336^2/448^2",
+}
+SMALL_SCENARIOS = ("c", "d", "e")   # heavier or slower per request: --requests-small of them
+LINEAR_STEP = 512                   # vgc-graphs-linear: budgets step at a full-size (16384-token) range
+FULL_LARGEST = 16384
+TWO_TOWER_NAMES = ("tiny_config", "bench_config", "TwoTowerEncoder", "make_images")
+
+
+class Skip(Exception):
+    """A scenario or row that cannot run here; its message says why."""
+
+
+# ---- requests ----
+def _squareish(rng: random.Random, lo: int, hi: int, base: int) -> tuple[int, int]:
+    """(height, width) in merge windows (28 pixels at full size): `base` tall, width within 0.8-1.25x."""
+    return base, min(hi, max(lo, round(base * rng.uniform(0.8, 1.25))))
+
+
+def _chat_side(rng: random.Random) -> tuple[int, int]:
+    base = rng.randint(8, 16) if rng.random() < 0.7 else rng.randint(16, 24)   # 224-448 px / 448-672 px
+    return _squareish(rng, 8, 24, base)
+
+
+def _vit_layouts(scenario: str, count: int, seed: int) -> list[tuple[list[tuple[int, int]], list[int]]]:
+    """Per request: the items' (height, width) in 28-pixel windows and their frames (1: an image)."""
+    rng = random.Random(f"{seed}/{scenario}")
+    layouts = []
+    for _ in range(count):
+        if scenario == "a":
+            sides = [_chat_side(rng) for _ in range(rng.randint(1, 2))]
+        elif scenario == "b":
+            sides = [_squareish(rng, 8, 48, rng.randint(8, 48)) for _ in range(rng.randint(1, 4))]
+        elif scenario == "c":
+            sides = [(12, 12)] * 20
+        elif scenario == "e":
+            sides = [_squareish(rng, 8, 24, rng.randint(8, 24)) for _ in range(rng.randint(1, 2))]
+        else:
+            raise ValueError(f"no ViT layout for scenario {scenario!r}")
+        frames = [1] * len(sides)
+        if scenario == "e":   # one video of 8-32 frames (even: two frames per temporal patch) among the images
+            video = rng.choice((12, 16))
+            at = rng.randint(0, len(sides))
+            sides.insert(at, (video, video))
+            frames.insert(at, 2 * rng.randint(4, 16))
+        layouts.append((sides, frames))
+    return layouts
+
+
+def _vit_request(vit, cfg, windows: list[tuple[int, int]], frames: list[int], device: torch.device,
+                 seed: int) -> dict:
+    unit = cfg.patch_size * cfg.merge
+    sides = [(h * unit, w * unit) for h, w in windows]
+    if device.type != "cuda":
+        return vit.make_images(cfg, sides, frames=frames, device=device, seed=seed)
+    # make_images draws the pixels on the CPU (billions of samples for the default scenarios): take its grids from
+    # a zero-channel copy of the config and draw the pixels on the device.
+    grids = vit.make_images(dataclasses.replace(cfg, in_channels=0), sides, frames=frames, seed=seed)
+    patches = grids["pixel_values"].shape[0]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    pixels = torch.randn(patches, cfg.patch_dim, generator=generator, device=device, dtype=cfg.dtype)
+    return {"pixel_values": pixels, "grid_thw": grids["grid_thw"].to(device)}
+
+
+def _two_tower_crops(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(f"{seed}/d")
+    return [[rng.randint(0, 9) for _ in range(rng.randint(1, 2))] for _ in range(count)]
+
+
+# ---- models and rows ----
+def _vit_config(vit, name: str):
+    if name != "tiny":
+        return vit.qwen2_vl_vit_config()
+    # The tiny model (narrow, 2 layers, 8-pixel patches) with the full model's geometry: the scaled scenarios then
+    # have the full model's token counts, budgets and frames per sequence. tiny_vit_config's own limits (128^2
+    # frames, 256 tokens) would send most items eagerly past every budget, and on CUDA its attention `max_seqlen`
+    # would be shorter than the frames.
+    cfg, full = vit.tiny_vit_config(), vit.qwen2_vl_vit_config()
+    scale = (cfg.patch_size * cfg.merge) / (full.patch_size * full.merge)
+    return dataclasses.replace(cfg, temporal_patch=full.temporal_patch,
+                               min_pixels=round(math.isqrt(full.min_pixels) * scale) ** 2,
+                               max_pixels=round(math.isqrt(full.max_pixels) * scale) ** 2,
+                               max_frames_per_video=full.max_frames_per_video,
+                               max_batch_tokens=full.max_batch_tokens)
+
+
+def _two_tower(model_name: str, device: torch.device):
+    """(module, config, model) of the two-tower encoder, or Skip with the reason."""
+    try:
+        two_tower = importlib.import_module("vgc.models.two_tower")
+    except ModuleNotFoundError as error:   # not written yet: the other scenarios still run
+        raise Skip(f"no module vgc.models.two_tower ({error})") from error
+    except Exception as error:   # broken
+        raise Skip(f"vgc.models.two_tower does not import ({type(error).__name__}: {error})") from error
+    missing = [n for n in TWO_TOWER_NAMES if not hasattr(two_tower, n)]
+    if missing:
+        raise Skip(f"vgc.models.two_tower lacks {', '.join(missing)}")
+    try:
+        cfg = two_tower.tiny_config() if model_name == "tiny" else two_tower.bench_config()
+        with torch.device(device):
+            model = two_tower.TwoTowerEncoder(cfg)
+        model = model.to(device).eval()
+    except Exception as error:
+        raise Skip(f"two_tower.TwoTowerEncoder could not be built ({type(error).__name__}: {error})") from error
+    return two_tower, cfg, model
+
+
+def _per_item(model, output, mm_kwargs: dict) -> list[torch.Tensor]:
+    if isinstance(output, (list, tuple)):
+        return list(output)
+    from vgc.encoder.protocol import split_by_tokens
+
+    return split_by_tokens(output, model.get_encoder_cudagraph_item_specs(mm_kwargs))
+
+
+def _linear_budgets(smallest: int, largest: int) -> list[int]:
+    """Steps of 512 tokens at the full model's range (16384), proportionally smaller for a smaller range, each a
+    multiple of the smallest budget; the largest always included."""
+    step = LINEAR_STEP * min(1.0, largest / FULL_LARGEST)
+    step = max(smallest, round(step / smallest) * smallest)
+    return sorted({*range(step, largest, step), largest})
+
+
+def _budgets(row: str, model) -> list[int]:
+    import vgc
+    from vgc.encoder.pack import budget_levels
+
+    smallest, largest = model.get_encoder_cudagraph_budget_range(vgc.CompilationConfig())
+    if row == "vgc-graphs-pow2":
+        return budget_levels(smallest, largest, growth=2.0)
+    if row == "vgc-graphs-linear":
+        return _linear_budgets(smallest, largest)
+    return []   # auto
+
+
+def _build(row: str, kind: str, model) -> tuple[Callable[[dict], Any], dict]:
+    """The row's `run(mm_kwargs)` for `model` and what it cost to set up (vgc rows: the manager's numbers)."""
+    import vgc
+    from vgc.encoder import EncoderCudaGraphManager
+
+    info: dict[str, Any] = {}
+    if row == "eager":
+        return (lambda kw: model(**kw)), info
+    if row in COMPILE_MODES:
+        mode = COMPILE_MODES[row]
+        if kind == "vit":   # the eager path, inputs built at the batch's own size (what model.forward does)
+            compiled = torch.compile(lambda inputs: model.encoder_cudagraph_forward(inputs), dynamic=True, mode=mode)
+            return (lambda kw: compiled(model._inputs(kw))), info
+        compiled = torch.compile(lambda kw: model(**kw), dynamic=True, mode=mode)
+        return compiled, info
+    budgets = _budgets(row, model)
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=row != "vgc-nograph", encoder_cudagraph_token_budgets=budgets)
+    manager = EncoderCudaGraphManager(model, config)
+    start = time.perf_counter()
+    stats = manager.capture()
+    info.update(manager=manager, setup_s=time.perf_counter() - start, capture_s=stats["seconds"].get("capture"),
+                budgets=stats["budgets"], graphs=sum(len(b) for b in stats["captured"].values()),
+                graph_memory_bytes=sum(sum(m.values()) for m in stats["graph_memory_bytes"].values()))
+    return manager.execute, info
+
+
+def _graph_totals(stats: dict) -> tuple[int, int, float, float]:
+    """(items hit, items missed, budget tokens replayed, padding tokens among them) so far."""
+    seen = sum(budget * n for replays in stats["replays"].values() for budget, n in replays.items())
+    return stats["items_hit"], stats["items_missed"], seen, (stats["padding_waste"] or 0.0) * seen
+
+
+# ---- timing ----
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _max_diff(items: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    if len(items) != len(reference):
+        return math.inf
+    diff = 0.0
+    for got, want in zip(items, reference):
+        if got.shape != want.shape:
+            return math.inf
+        if got.numel():
+            diff = max(diff, (got.float() - want.float()).abs().max().item())
+    return diff
+
+
+def _measure(row: str, run, info: dict, model, requests: list[dict], reference: list[torch.Tensor],
+             warmup: int, sync) -> dict:
+    manager = info.get("manager")
+    graphs = row in GRAPH_ROWS
+    untimed = {"compile-default": 1, "compile-reduce-overhead": 2}.get(row, 0)
+    start = time.perf_counter()
+    with torch.no_grad():
+        for kw in (requests * untimed if untimed else requests[:warmup]):
+            run(kw)
+        sync()
+        untimed_s = time.perf_counter() - start
+        before = _graph_totals(manager.stats()) if graphs else None
+        latencies, diff = [], None
+        for i, kw in enumerate(requests):
+            sync()
+            t0 = time.perf_counter()
+            out = run(kw)
+            sync()
+            latencies.append((time.perf_counter() - t0) * 1e3)
+            if i == 0:   # before the next call: reduce-overhead outputs live in static buffers
+                diff = _max_diff(_per_item(model, out, kw), reference)
+            del out
+    result = {"mean_ms": sum(latencies) / len(latencies), "p50_ms": _percentile(latencies, 50),
+              "p99_ms": _percentile(latencies, 99), "untimed_s": untimed_s, "max_abs_diff": diff,
+              "latencies_ms": latencies}
+    if manager is not None:
+        result.update({k: info[k] for k in ("capture_s", "graphs", "graph_memory_bytes", "budgets")})
+        result["setup_s"] = info["setup_s"]
+    if graphs:
+        hit, missed, seen, padded = (a - b for a, b in zip(_graph_totals(manager.stats()), before))
+        result["hit_rate"] = hit / (hit + missed) if hit + missed else None
+        result["padding_waste"] = padded / seen if seen else None
+    return result
+
+
+# ---- report ----
+def _fmt(value, spec: str, width: int) -> str:
+    if value is None:
+        return f"{'-':>{width}s}"
+    if isinstance(value, float) and math.isinf(value):
+        return f"{'mismatch':>{width}s}"
+    return f"{value:{width}{spec}}"
+
+
+COLUMNS = (("mean ms", 8), ("p50 ms", 8), ("p99 ms", 8), ("vs eager", 8), ("hit %", 5), ("pad %", 5),
+           ("graphs", 6), ("capture s", 9), ("graph MiB", 9), ("untimed s", 9), ("max|diff|", 9))
+
+
+def _table(name: str, scenario: dict) -> list[str]:
+    lines = [f"\nscenario {name}: {SCENARIOS[name]}; {scenario.get('requests', 0)} requests"]
+    if "skipped" in scenario:
+        return lines + [f"  skipped: {scenario['skipped']}"]
+    lines.append(f"{'row':24s}" + "".join(f"  {c:>{w}s}" for c, w in COLUMNS))
+    eager = scenario["rows"].get("eager", {}).get("mean_ms")
+    for row, r in scenario["rows"].items():
+        if "na" in r or "error" in r:
+            lines.append(f"{row:24s}  " + (f"n/a ({r['na']})" if "na" in r else f"error: {r['error']}"))
+            continue
+        pct = (lambda v: None if v is None else 100 * v)
+        mib = r.get("graph_memory_bytes")
+        cells = (_fmt(r["mean_ms"], ".3f", 8), _fmt(r["p50_ms"], ".3f", 8), _fmt(r["p99_ms"], ".3f", 8),
+                 (f"{eager / r['mean_ms']:7.2f}x" if eager else _fmt(None, "", 8)),
+                 _fmt(pct(r.get("hit_rate")), ".1f", 5), _fmt(pct(r.get("padding_waste")), ".1f", 5),
+                 _fmt(r.get("graphs") if row in GRAPH_ROWS else None, "d", 6), _fmt(r.get("capture_s"), ".1f", 9),
+                 _fmt(None if mib is None or row not in GRAPH_ROWS else mib / 2 ** 20, ".0f", 9),
+                 _fmt(r["untimed_s"], ".1f", 9), _fmt(r["max_abs_diff"], ".2e", 9))
+        lines.append(f"{row:24s}" + "".join(f"  {c}" for c in cells))
+    return lines
+
+
+NOTES = """
+notes: each request timed alone (synchronize, run, synchronize); mean/p50/p99 over the timed requests.
+  untimed first: eager and vgc rows the first --warmup requests; compile-default the whole request list once and
+  compile-reduce-overhead twice (cudagraph trees warm a new shape up on its first call and record it on the
+  second), so compiles, recompiles and recordings per new shape are excluded (their cost is in "untimed s").
+  vs eager = eager mean / row mean (>1: faster). hit % = items served by graph replays, pad % = padding tokens /
+  replayed budget tokens, both over the timed requests. capture s = the manager's capture(), vgc compile included
+  (a later manager of the same model may load it from vgc's compile cache); graph MiB = pool growth summed over
+  its graphs. Managers capture once per model and serve every scenario of it. max|diff| = the first request's
+  per-item outputs vs eager (bf16: ~1e-2 expected); never fails the run."""
+
+
+def _command_line() -> str:
+    argv0 = sys.argv[0] if sys.argv else "vgc"
+    head = "python -m vgc" if argv0.endswith("__main__.py") else os.path.basename(argv0)
+    return " ".join([head, shlex.join(sys.argv[1:])]).strip()
+
+
+def _release() -> None:
+    gc.collect()
+    torch.compiler.reset()   # dynamo's caches and cudagraph trees: the next row compiles afresh
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vgc.models import vit
+
+    parser = argparse.ArgumentParser(prog="vgc bench encoder", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["qwen2_vl", "tiny"], default="qwen2_vl",
+                        help="qwen2_vl: Qwen2-VL's vision tower shape, bf16, CUDA; tiny: runs on the CPU too")
+    parser.add_argument("--requests", type=int, help="requests of scenarios a, b (default: 300 on CUDA, 12 on the "
+                        "CPU)")
+    parser.add_argument("--requests-small", type=int, help="requests of scenarios c, d, e, at most --requests "
+                        "(default: 100 on CUDA, 6 on the CPU)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed requests first (eager and vgc rows)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scenarios", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of rows: {', '.join(ROWS)}")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument("--json", help="also write every number (per-request latencies too) here")
+    args = parser.parse_args(argv)
+
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    rows = [r.strip() for r in args.only.split(",") if r.strip()] or list(ROWS)
+    for bad, known, what in ((set(scenarios) - set(SCENARIOS), SCENARIOS, "scenario"),
+                             (set(rows) - set(ROWS), ROWS, "row")):
+        if bad:
+            parser.error(f"unknown {what}(s) {', '.join(sorted(bad))}; known: {', '.join(known)}")
+    rows = [r for r in ROWS if r in rows]
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    on_cuda = device.type == "cuda"
+    args.requests = args.requests if args.requests is not None else (300 if on_cuda else 12)
+    args.requests_small = args.requests_small if args.requests_small is not None else (100 if on_cuda else 6)
+    if args.requests < 1 or args.requests_small < 1 or args.warmup < 0:
+        parser.error("--requests and --requests-small must be >= 1, --warmup >= 0")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("vgc bench encoder: --device cuda but CUDA is not available")
+    if device.type != "cuda" and args.model != "tiny":
+        raise SystemExit("vgc bench encoder: --model qwen2_vl needs a CUDA device; use --model tiny on the CPU")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    from vgc.cudagraph import runtime as cuda_runtime
+
+    graphs_ok = cuda_runtime.graphs_supported(device)
+    unavailable = {r: "needs CUDA" for r in rows if (r in GRAPH_ROWS and not graphs_ok)
+                   or (r == "compile-reduce-overhead" and device.type != "cuda")}
+
+    # ---- models and requests (built once; every row sees the same tensors) ----
+    cfg = _vit_config(vit, args.model)
+    with torch.device(device):
+        vit_model = vit.VisionEncoder(cfg)
+    vit_model = vit_model.to(device).eval()
+    models: dict[str, Any] = {"vit": vit_model}
+    work: dict[str, dict] = {}   # scenario -> {kind, requests, reference}
+    results: dict[str, dict] = {}
+    start = time.perf_counter()
+    for s in scenarios:
+        count = min(args.requests, args.requests_small) if s in SMALL_SCENARIOS else args.requests
+        results[s] = {"description": SCENARIOS[s], "requests": count, "rows": {}}
+        if s == "d":
+            try:
+                two_tower, tt_cfg, tt_model = _two_tower(args.model, device)
+                models["two_tower"] = tt_model
+                requests = [two_tower.make_images(tt_cfg, crops, device=device, seed=args.seed * 1_000_003 + i)
+                            for i, crops in enumerate(_two_tower_crops(count, args.seed))]
+            except Skip as reason:
+                results[s]["skipped"] = str(reason)
+                continue
+            except Exception as error:   # make_images with other names or arguments than planned
+                results[s]["skipped"] = f"two_tower.make_images failed ({type(error).__name__}: {error})"
+                continue
+            kind = "two_tower"
+        else:
+            requests = [_vit_request(vit, cfg, windows, frames, device, seed=args.seed * 1_000_003 + i)
+                        for i, (windows, frames) in enumerate(_vit_layouts(s, count, args.seed))]
+            kind = "vit"
+        with torch.no_grad():
+            try:
+                reference = [t.clone() for t in _per_item(models[kind], models[kind](**requests[0]), requests[0])]
+            except Exception as error:
+                results[s]["skipped"] = f"eager reference failed ({type(error).__name__}: {error})"
+                continue
+        work[s] = {"kind": kind, "requests": requests, "reference": reference}
+    sync()
+    print(f"vgc bench encoder: {args.model} on {device}, requests ready in {time.perf_counter() - start:.1f} s",
+          flush=True)
+
+    # ---- rows: each builds its compiled function or manager once per model and serves every scenario ----
+    for row in rows:
+        built: dict[str, Any] = {}
+        for s in scenarios:
+            if s not in work:
+                continue
+            if row in unavailable:
+                results[s]["rows"][row] = {"na": unavailable[row]}
+                continue
+            kind, model = work[s]["kind"], models[work[s]["kind"]]
+            try:
+                if kind not in built:
+                    try:
+                        built[kind] = _build(row, kind, model)
+                    except Exception as error:
+                        built[kind] = error
+                        raise
+                if isinstance(built[kind], Exception):
+                    raise built[kind]
+                run, info = built[kind]
+                r = _measure(row, run, info, model, work[s]["requests"], work[s]["reference"], args.warmup, sync)
+            except Exception as error:
+                traceback.print_exc()
+                results[s]["rows"][row] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+                continue
+            results[s]["rows"][row] = r
+            print(f"  [{s}] {row}: mean {r['mean_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, untimed "
+                  f"{r['untimed_s']:.1f} s, max|diff| {r['max_abs_diff']:.2e}", flush=True)
+        built.clear()
+        _release()
+
+    # ---- report ----
+    for s in scenarios:
+        print("\n".join(_table(s, results[s])))
+    print(NOTES)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"CPU ({torch.get_num_threads()} threads)"
+    date = time.strftime("%Y-%m-%d %H:%M")
+    print(f"\nvgc bench encoder: model {args.model}, torch {torch.__version__}, {device_name}, {date}, "
+          f"total {time.perf_counter() - start:.0f} s; command: {_command_line()}")
+    if args.json:
+        payload = {"model": args.model, "torch": torch.__version__, "device": device_name, "date": date,
+                   "command": _command_line(), "args": vars(args), "scenarios": results}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
