@@ -45,8 +45,7 @@ SCENARIOS = {
     "e": "mixed: 1-2 images 224^2-672^2 + one video of 8-32 frames at 336^2/448^2",
 }
 SMALL_SCENARIOS = ("c", "d", "e")   # heavier or slower per request: --requests-small of them
-LINEAR_STEP = 512                   # vgc-graphs-linear: budgets step at a full-size (16384-token) range
-FULL_LARGEST = 16384
+LINEAR_STEP = 512                   # vgc-graphs-linear: the budgets' step (full-size models)
 TWO_TOWER_NAMES = ("tiny_config", "bench_config", "TwoTowerEncoder", "make_images")
 
 
@@ -102,7 +101,7 @@ def _vit_request(vit, cfg, windows: list[tuple[int, int]], frames: list[int], de
     patches = grids["pixel_values"].shape[0]
     generator = torch.Generator(device=device).manual_seed(seed)
     pixels = torch.randn(patches, cfg.patch_dim, generator=generator, device=device, dtype=cfg.dtype)
-    return {"pixel_values": pixels, "grid_thw": grids["grid_thw"].to(device)}
+    return {"pixel_values": pixels, "grid_thw": grids["grid_thw"]}   # on the CPU, as make_images leaves it
 
 
 def _two_tower_crops(count: int, seed: int) -> list[list[int]]:
@@ -128,7 +127,7 @@ def _vit_config(vit, name: str):
 
 
 def _two_tower(model_name: str, device: torch.device):
-    """(module, config, model) of the two-tower encoder, or Skip with the reason."""
+    """(module, config, model, full-size largest budget) of the two-tower encoder, or Skip with the reason."""
     try:
         two_tower = importlib.import_module("vgc.models.two_tower")
     except ModuleNotFoundError as error:   # not written yet: the other scenarios still run
@@ -140,12 +139,12 @@ def _two_tower(model_name: str, device: torch.device):
         raise Skip(f"vgc.models.two_tower lacks {', '.join(missing)}")
     try:
         cfg = two_tower.tiny_config() if model_name == "tiny" else two_tower.bench_config()
-        with torch.device(device):
-            model = two_tower.TwoTowerEncoder(cfg)
-        model = model.to(device).eval()
+        model = two_tower.TwoTowerEncoder(cfg).to(device).eval()
     except Exception as error:
         raise Skip(f"two_tower.TwoTowerEncoder could not be built ({type(error).__name__}: {error})") from error
-    return two_tower, cfg, model
+    full = two_tower.bench_config()
+    full_largest = getattr(full, "max_images_per_batch", 0) * getattr(full, "global_tokens", 0)
+    return two_tower, cfg, model, full_largest or model.get_encoder_cudagraph_budget_range(None)[1]
 
 
 def _per_item(model, output, mm_kwargs: dict) -> list[torch.Tensor]:
@@ -156,15 +155,15 @@ def _per_item(model, output, mm_kwargs: dict) -> list[torch.Tensor]:
     return split_by_tokens(output, model.get_encoder_cudagraph_item_specs(mm_kwargs))
 
 
-def _linear_budgets(smallest: int, largest: int) -> list[int]:
-    """Steps of 512 tokens at the full model's range (16384), proportionally smaller for a smaller range, each a
-    multiple of the smallest budget; the largest always included."""
-    step = LINEAR_STEP * min(1.0, largest / FULL_LARGEST)
+def _linear_budgets(smallest: int, largest: int, full_largest: int) -> list[int]:
+    """Steps of 512 tokens up to the largest budget; for a tiny model whose range is smaller than its full-size
+    counterpart's (`full_largest`), a proportionally smaller step. Each step is a multiple of the smallest budget."""
+    step = LINEAR_STEP * min(1.0, largest / full_largest)
     step = max(smallest, round(step / smallest) * smallest)
     return sorted({*range(step, largest, step), largest})
 
 
-def _budgets(row: str, model) -> list[int]:
+def _budgets(row: str, model, full_largest: int) -> list[int]:
     import vgc
     from vgc.encoder.pack import budget_levels
 
@@ -172,11 +171,41 @@ def _budgets(row: str, model) -> list[int]:
     if row == "vgc-graphs-pow2":
         return budget_levels(smallest, largest, growth=2.0)
     if row == "vgc-graphs-linear":
-        return _linear_budgets(smallest, largest)
+        return _linear_budgets(smallest, largest, full_largest)
     return []   # auto
 
 
-def _build(row: str, kind: str, model) -> tuple[Callable[[dict], Any], dict]:
+def _path_forward(model, path: str) -> Callable:
+    def forward(inputs):
+        return model.encoder_cudagraph_forward(inputs, path=path)
+    return forward
+
+
+def _compiled_paths(model, mode: str | None) -> Callable[[dict], list[torch.Tensor]]:
+    """A multi-path model's eager path with each path's forward compiled: every path's buffers at the batch's own
+    size, the path's forward, the model's post-processing (what the two-tower model's own forward does). Compiling
+    `model(**mm_kwargs)` whole would break the graph at its host-side crop counts and recompile per crop layout."""
+    from vgc.encoder.protocol import DEFAULT_PATH, GLOBAL_PATH, LOCAL_PATH
+
+    paths = model.get_encoder_cudagraph_config().paths()
+    compiled = {p: torch.compile(_path_forward(model, p), dynamic=True, mode=mode) for p in paths}
+
+    def run(mm_kwargs: dict) -> list[torch.Tensor]:
+        specs = model.get_encoder_cudagraph_item_specs(mm_kwargs)
+        outputs = {}
+        for path in paths:
+            if not sum(s.path_tokens(path) for s in specs):
+                outputs[path] = None
+                continue
+            values = model.prepare_encoder_cudagraph_replay_buffers(mm_kwargs, len(specs), sum(s.frames for s in specs),
+                                                                    path=path).values
+            outputs[path] = compiled[path]({k: v for k, v in values.items() if v is not None})
+        main = outputs.get(DEFAULT_PATH, outputs.get(GLOBAL_PATH))
+        return model.postprocess_encoder_output(main, mm_kwargs, specs, local_output=outputs.get(LOCAL_PATH))
+    return run
+
+
+def _build(row: str, kind: str, model, full_largest: int) -> tuple[Callable[[dict], Any], dict]:
     """The row's `run(mm_kwargs)` for `model` and what it cost to set up (vgc rows: the manager's numbers)."""
     import vgc
     from vgc.encoder import EncoderCudaGraphManager
@@ -189,15 +218,15 @@ def _build(row: str, kind: str, model) -> tuple[Callable[[dict], Any], dict]:
         if kind == "vit":   # the eager path, inputs built at the batch's own size (what model.forward does)
             compiled = torch.compile(lambda inputs: model.encoder_cudagraph_forward(inputs), dynamic=True, mode=mode)
             return (lambda kw: compiled(model._inputs(kw))), info
-        compiled = torch.compile(lambda kw: model(**kw), dynamic=True, mode=mode)
-        return compiled, info
-    budgets = _budgets(row, model)
+        return _compiled_paths(model, mode), info
+    budgets = _budgets(row, model, full_largest)
     config = vgc.CompilationConfig(cudagraph_mm_encoder=row != "vgc-nograph", encoder_cudagraph_token_budgets=budgets)
     manager = EncoderCudaGraphManager(model, config)
     start = time.perf_counter()
     stats = manager.capture()
-    info.update(manager=manager, setup_s=time.perf_counter() - start, capture_s=stats["seconds"].get("capture"),
-                budgets=stats["budgets"], graphs=sum(len(b) for b in stats["captured"].values()),
+    info.update(manager=manager, setup_s=time.perf_counter() - start, compile_s=stats["seconds"].get("compile"),
+                capture_s=stats["seconds"].get("capture"), budgets=stats["budgets"],
+                graphs=sum(len(b) for b in stats["captured"].values()),
                 graph_memory_bytes=sum(sum(m.values()) for m in stats["graph_memory_bytes"].values()))
     return manager.execute, info
 
@@ -255,7 +284,7 @@ def _measure(row: str, run, info: dict, model, requests: list[dict], reference: 
               "p99_ms": _percentile(latencies, 99), "untimed_s": untimed_s, "max_abs_diff": diff,
               "latencies_ms": latencies}
     if manager is not None:
-        result.update({k: info[k] for k in ("capture_s", "graphs", "graph_memory_bytes", "budgets")})
+        result.update({k: info[k] for k in ("compile_s", "capture_s", "graphs", "graph_memory_bytes", "budgets")})
         result["setup_s"] = info["setup_s"]
     if graphs:
         hit, missed, seen, padded = (a - b for a, b in zip(_graph_totals(manager.stats()), before))
@@ -274,7 +303,7 @@ def _fmt(value, spec: str, width: int) -> str:
 
 
 COLUMNS = (("mean ms", 8), ("p50 ms", 8), ("p99 ms", 8), ("vs eager", 8), ("hit %", 5), ("pad %", 5),
-           ("graphs", 6), ("capture s", 9), ("graph MiB", 9), ("untimed s", 9), ("max|diff|", 9))
+           ("graphs", 6), ("compile s", 9), ("capture s", 9), ("graph MiB", 9), ("untimed s", 9), ("max|diff|", 9))
 
 
 def _table(name: str, scenario: dict) -> list[str]:
@@ -292,7 +321,8 @@ def _table(name: str, scenario: dict) -> list[str]:
         cells = (_fmt(r["mean_ms"], ".3f", 8), _fmt(r["p50_ms"], ".3f", 8), _fmt(r["p99_ms"], ".3f", 8),
                  (f"{eager / r['mean_ms']:7.2f}x" if eager else _fmt(None, "", 8)),
                  _fmt(pct(r.get("hit_rate")), ".1f", 5), _fmt(pct(r.get("padding_waste")), ".1f", 5),
-                 _fmt(r.get("graphs") if row in GRAPH_ROWS else None, "d", 6), _fmt(r.get("capture_s"), ".1f", 9),
+                 _fmt(r.get("graphs") if row in GRAPH_ROWS else None, "d", 6), _fmt(r.get("compile_s"), ".1f", 9),
+                 _fmt(r.get("capture_s") if row in GRAPH_ROWS else None, ".1f", 9),
                  _fmt(None if mib is None or row not in GRAPH_ROWS else mib / 2 ** 20, ".0f", 9),
                  _fmt(r["untimed_s"], ".1f", 9), _fmt(r["max_abs_diff"], ".2e", 9))
         lines.append(f"{row:24s}" + "".join(f"  {c}" for c in cells))
@@ -301,14 +331,35 @@ def _table(name: str, scenario: dict) -> list[str]:
 
 NOTES = """
 notes: each request timed alone (synchronize, run, synchronize); mean/p50/p99 over the timed requests.
-  untimed first: eager and vgc rows the first --warmup requests; compile-default the whole request list once and
+  Untimed first: eager and vgc rows the first --warmup requests; compile-default the whole request list once and
   compile-reduce-overhead twice (cudagraph trees warm a new shape up on its first call and record it on the
   second), so compiles, recompiles and recordings per new shape are excluded (their cost is in "untimed s").
+  compile rows: torch.compile(dynamic=True) of the model's forward over its buffers at the batch's own size
+  (two-tower: each tower's), buffers built per request as the eager path builds them.
   vs eager = eager mean / row mean (>1: faster). hit % = items served by graph replays, pad % = padding tokens /
-  replayed budget tokens, both over the timed requests. capture s = the manager's capture(), vgc compile included
-  (a later manager of the same model may load it from vgc's compile cache); graph MiB = pool growth summed over
-  its graphs. Managers capture once per model and serve every scenario of it. max|diff| = the first request's
-  per-item outputs vs eager (bf16: ~1e-2 expected); never fails the run."""
+  replayed budget tokens, both over the timed requests. compile s, capture s: the manager's capture() (a later
+  manager of the same model may load the compile from vgc's compile cache); graph MiB = pool growth summed over
+  its graphs. A manager captures once per model and serves every scenario of it. max|diff| = the first
+  request's per-item outputs vs eager (bf16: ~1e-2 expected); never fails the run."""
+
+
+def _row_on(row: str, kind: str, model, full_largest: int, built: dict, work: dict, warmup: int, sync) -> dict:
+    """One row on one scenario; the row's function or manager is built on its model's first scenario and kept in
+    `built`. A failure is reported in the result (and its traceback on stderr), never raised."""
+    try:
+        if kind not in built:
+            try:
+                built[kind] = _build(row, kind, model, full_largest)
+            except Exception as error:
+                built[kind] = f"{type(error).__name__}: {str(error)[:200]}"   # later scenarios of this model
+                raise
+        if isinstance(built[kind], str):
+            return {"error": built[kind]}
+        run, info = built[kind]
+        return _measure(row, run, info, model, work["requests"], work["reference"], warmup, sync)
+    except Exception as error:
+        traceback.print_exc()
+        return {"error": f"{type(error).__name__}: {str(error)[:200]}"}
 
 
 def _command_line() -> str:
@@ -331,11 +382,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["qwen2_vl", "tiny"], default="qwen2_vl",
                         help="qwen2_vl: Qwen2-VL's vision tower shape, bf16, CUDA; tiny: runs on the CPU too")
-    parser.add_argument("--requests", type=int, help="requests of scenarios a, b (default: 300 on CUDA, 12 on the "
+    parser.add_argument("--requests", type=int, help="requests of scenarios a, b (default: 300 on CUDA, 6 on the "
                         "CPU)")
     parser.add_argument("--requests-small", type=int, help="requests of scenarios c, d, e, at most --requests "
-                        "(default: 100 on CUDA, 6 on the CPU)")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed requests first (eager and vgc rows)")
+                        "(default: 100 on CUDA, --requests on the CPU)")
+    parser.add_argument("--warmup", type=int, help="untimed requests first, eager and vgc rows (default: 20 on "
+                        "CUDA, 2 on the CPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scenarios", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e")
     parser.add_argument("--only", default="", help=f"comma-separated subset of rows: {', '.join(ROWS)}")
@@ -352,8 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in ROWS if r in rows]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     on_cuda = device.type == "cuda"
-    args.requests = args.requests if args.requests is not None else (300 if on_cuda else 12)
-    args.requests_small = args.requests_small if args.requests_small is not None else (100 if on_cuda else 6)
+    for name, cuda_default, cpu_default in (("requests", 300, 6), ("requests_small", 100, args.requests or 6),
+                                            ("warmup", 20, 2)):
+        if getattr(args, name) is None:
+            setattr(args, name, cuda_default if on_cuda else cpu_default)
     if args.requests < 1 or args.requests_small < 1 or args.warmup < 0:
         parser.error("--requests and --requests-small must be >= 1, --warmup >= 0")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -370,10 +424,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- models and requests (built once; every row sees the same tensors) ----
     cfg = _vit_config(vit, args.model)
-    with torch.device(device):
+    with torch.device(device):   # 0.6 B parameters: initialised where they will live
         vit_model = vit.VisionEncoder(cfg)
     vit_model = vit_model.to(device).eval()
     models: dict[str, Any] = {"vit": vit_model}
+    full_largest = {"vit": vit.qwen2_vl_vit_config().max_batch_tokens}
     work: dict[str, dict] = {}   # scenario -> {kind, requests, reference}
     results: dict[str, dict] = {}
     start = time.perf_counter()
@@ -382,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         results[s] = {"description": SCENARIOS[s], "requests": count, "rows": {}}
         if s == "d":
             try:
-                two_tower, tt_cfg, tt_model = _two_tower(args.model, device)
+                two_tower, tt_cfg, tt_model, full_largest["two_tower"] = _two_tower(args.model, device)
                 models["two_tower"] = tt_model
                 requests = [two_tower.make_images(tt_cfg, crops, device=device, seed=args.seed * 1_000_003 + i)
                             for i, crops in enumerate(_two_tower_crops(count, args.seed))]
@@ -411,33 +466,24 @@ def main(argv: list[str] | None = None) -> int:
     # ---- rows: each builds its compiled function or manager once per model and serves every scenario ----
     for row in rows:
         built: dict[str, Any] = {}
+        row_start = time.perf_counter()
         for s in scenarios:
             if s not in work:
                 continue
             if row in unavailable:
                 results[s]["rows"][row] = {"na": unavailable[row]}
                 continue
-            kind, model = work[s]["kind"], models[work[s]["kind"]]
-            try:
-                if kind not in built:
-                    try:
-                        built[kind] = _build(row, kind, model)
-                    except Exception as error:
-                        built[kind] = error
-                        raise
-                if isinstance(built[kind], Exception):
-                    raise built[kind]
-                run, info = built[kind]
-                r = _measure(row, run, info, model, work[s]["requests"], work[s]["reference"], args.warmup, sync)
-            except Exception as error:
-                traceback.print_exc()
-                results[s]["rows"][row] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
-                continue
+            kind = work[s]["kind"]
+            r = _row_on(row, kind, models[kind], full_largest[kind], built, work[s], args.warmup, sync)
             results[s]["rows"][row] = r
-            print(f"  [{s}] {row}: mean {r['mean_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, untimed "
-                  f"{r['untimed_s']:.1f} s, max|diff| {r['max_abs_diff']:.2e}", flush=True)
+            if "error" not in r:
+                print(f"  [{s}] {row}: mean {r['mean_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, untimed "
+                      f"{r['untimed_s']:.1f} s, max|diff| {r['max_abs_diff']:.2e}", flush=True)
         built.clear()
         _release()
+        if row not in unavailable:
+            print(f"  {row} done in {time.perf_counter() - row_start:.0f} s ({time.perf_counter() - start:.0f} s "
+                  "so far)", flush=True)
 
     # ---- report ----
     for s in scenarios:

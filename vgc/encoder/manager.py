@@ -112,8 +112,9 @@ class EncoderCudaGraphManager:
         if self._captured:
             return self.stats()
         start = time.perf_counter()
-        traced = [path for path, levels in self.paths.items() if levels.largest > 0] if self._compile else []
-        todo = [(path, b) for path in traced for b in sorted(self.paths[path].budgets, reverse=True) if b > 0]
+        paths = [path for path, levels in self.paths.items() if levels.largest > 0]
+        todo = [(path, b) for path in paths for b in sorted(self.paths[path].budgets, reverse=True) if b > 0]
+        traced = paths if self._compile else []
         if not self.use_graphs:
             todo = []
         with log.progress(len(traced) + len(todo), "vgc: encoder graphs", unit="step") as bar, torch.no_grad():
@@ -135,12 +136,18 @@ class EncoderCudaGraphManager:
         """Trace and compile the path's forward once, at a budget no size of the model can equal.
 
         A traced size that happens to equal a fixed size (a budget of 256 tokens in a 256-wide model) can be
-        compared with it while tracing, and the comparison then pins the dynamic size to that value.
+        compared with it while tracing, and the comparison then pins the dynamic size to that value. The trace
+        runs at a prime number of units (tokens, or whole views on a dual path) just above the largest budget
+        that divides no fixed size, so no multiple of it is one either.
         """
         unit = {GLOBAL_PATH: self.model_config.global_token_per_image,
                 LOCAL_PATH: self.model_config.local_token_per_patch}.get(path, 1)
-        fixed = [d for p in (self.model.parameters() if hasattr(self.model, "parameters") else ()) for d in p.shape]
-        self._forward_at(path, unit * _next_prime(max([self.paths[path].largest // unit, *fixed]) + 1))
+        tensors = [*self.model.parameters(), *self.model.buffers()] if isinstance(self.model, torch.nn.Module) else []
+        fixed = {d for t in tensors for d in t.shape if d > 1}
+        units = _next_prime(self.paths[path].largest // unit + 1)
+        while any(d % units == 0 for d in fixed):
+            units = _next_prime(units + 1)
+        self._forward_at(path, unit * units)
 
     def _forward_at(self, path: str, budget: int) -> tuple[Callable, dict[str, torch.Tensor]]:
         """Run the path's forward once on its capture inputs for `budget`: the first run of a path traces and
@@ -244,8 +251,8 @@ class EncoderCudaGraphManager:
         values = self.model.prepare_encoder_cudagraph_replay_buffers(items, max_items, max_frames, path=path).values
         self._tokens["real"] += tokens
         if not self.use_graphs:   # the compiled forward at the sub-batch's own size: no padding to pay for
-            output = self._forwards[path]({k: v for k, v in values.items() if v is not None})
-            return output[:tokens]
+            values = {k: v for k, v in values.items() if v is not None}
+            return self._forward(path, values)(values)[:tokens]
         self._tokens["padded"] += budget - tokens
         meta = self.graphs[path][budget]
         for key, buffer in meta.input_buffers.items():
@@ -293,6 +300,7 @@ class EncoderCudaGraphManager:
             "path_items": {p: dict(v) for p, v in self._path_items.items()},
             "replays": {p: dict(sorted(r.items())) for p, r in self._replays.items()},
             "padding_waste": self._tokens["padded"] / seen if seen else None,
+            "tokens": dict(self._tokens),
             "seconds": dict(self._seconds),
             "counters": self.counters.as_dict(per_call=False),
         }

@@ -139,6 +139,11 @@ class VisionEncoder(nn.Module):
     def _inputs(self, mm_kwargs: dict) -> dict[str, torch.Tensor]:
         """The forward's buffers at the batch's own size: patches, rotary angles per patch, frame boundaries."""
         grids = _grids(mm_kwargs["grid_thw"])
+        longest = self.cfg.max_pixels // self.cfg.patch_size ** 2
+        for t, h, w in grids:
+            if h * w > longest:   # the attention kernel is bounded by the largest frame: refuse, never truncate
+                raise ValueError(f"a frame of {h}x{w} patches is larger than this encoder's max_pixels "
+                                 f"({self.cfg.max_pixels} pixels, {longest} patches); resize it or raise max_pixels")
         pixels = mm_kwargs["pixel_values"]
         device = pixels.device
         cos, sin = zip(*(self._rotary(h, w, device) for t, h, w in grids for _ in range(t))) if grids else ((), ())
@@ -225,8 +230,8 @@ def patch_grid(h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
     patches consecutive, windows row-major), the order in which the merger groups them."""
     if h % merge or w % merge:
         raise ValueError(f"a frame of {h}x{w} patches does not split into {merge}x{merge} merge windows")
-    rows = torch.arange(h).view(h // merge, merge, 1, 1).expand(h // merge, merge, w // merge, merge)
-    cols = torch.arange(w).view(1, 1, w // merge, merge).expand(h // merge, merge, w // merge, merge)
+    rows = torch.arange(h, device="cpu").view(h // merge, merge, 1, 1).expand(h // merge, merge, w // merge, merge)
+    cols = torch.arange(w, device="cpu").view(1, 1, w // merge, merge).expand(h // merge, merge, w // merge, merge)
     order = (0, 2, 1, 3)   # (window row, window col, row in window, col in window)
     return rows.permute(order).reshape(-1).float(), cols.permute(order).reshape(-1).float()
 
