@@ -32,18 +32,21 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     kernel = _compat.flash_varlen_attention()
     if kernel is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
         cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.int()
-        return kernel(query, key, value, cu, cu, longest, longest, scale=scale)
+        return kernel(query, key, value, cu, cu, longest, longest, scale=scale).contiguous()
     return reference_varlen_attention(query, key, value, cu_seqlens, scale)
 
 
 @varlen_attention.register_fake
 def _(query, key, value, cu_seqlens, max_seqlen, scale):
-    return torch.empty_like(query)
+    # A fresh contiguous tensor, as both real paths return. (empty_like would copy the strides of a query sliced
+    # out of a fused qkv projection, and reshaping such a result makes the tracer compare the dynamic size with
+    # fixed ones, which pins it.)
+    return query.new_empty(query.shape)
 
 
 def reference_varlen_attention(query, key, value, cu_seqlens, scale: float) -> torch.Tensor:
     """Sequence by sequence with SDPA (one host sync for the lengths); padding rows are zero."""
-    output = torch.zeros_like(query)
+    output = query.new_zeros(query.shape)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
