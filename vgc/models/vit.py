@@ -86,18 +86,21 @@ class _Block(nn.Module):
 
     def forward(self, x, cos, sin, cu_seqlens):
         # x is [tokens, merge*merge, dim]: patches grouped by the token they merge into, so the token count is
-        # the one dynamic size and every reshape below is exact (no divisibility for the compiler to assume).
-        q, k, v = self.qkv(self.norm1(x)).flatten(0, 1).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(1)
+        # the one dynamic size, every reshape is exact and x broadcasts with the rotary tables ([tokens,
+        # merge*merge, head_dim/2]) dim by dim, which tells the tracer their token counts are one size.
+        q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        attn = torch.ops.vgc.varlen_attention(q, k, v, cu_seqlens, self.max_seqlen, self.scale)
+        attn = torch.ops.vgc.varlen_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens,
+                                              self.max_seqlen, self.scale)
         x = x + self.proj(attn.reshape(x.shape))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
 
 
 def _rotate(x, cos, sin):
-    """2-D rotary embedding, rotate-half style: cos/sin are [T, head_dim/2] (height angles, then width)."""
+    """2-D rotary embedding, rotate-half style: x is [T, G, heads, head_dim], cos/sin [T, G, head_dim/2] (height
+    angles, then width)."""
     x1, x2 = x.float().chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
@@ -130,7 +133,7 @@ class VisionEncoder(nn.Module):
 
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH) -> torch.Tensor:
         x = self.patch_embed(inputs["pixel_values"])                         # [tokens, merge^2, dim]
-        cos, sin = inputs["rotary_cos"].flatten(0, 1), inputs["rotary_sin"].flatten(0, 1)
+        cos, sin = inputs["rotary_cos"], inputs["rotary_sin"]
         for block in self.blocks:
             x = block(x, cos, sin, inputs["cu_seqlens"])
         x = self.merger_norm(x).flatten(1)
