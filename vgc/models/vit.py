@@ -86,8 +86,7 @@ class _Block(nn.Module):
 
     def forward(self, x, cos, sin, cu_seqlens):
         # x is [tokens, merge*merge, dim]: patches grouped by the token they merge into, so the token count is
-        # the one dynamic size, every reshape is exact and x broadcasts with the rotary tables ([tokens,
-        # merge*merge, head_dim/2]) dim by dim, which tells the tracer their token counts are one size.
+        # the one dynamic size and every reshape is exact.
         q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         attn = torch.ops.vgc.varlen_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens,
@@ -124,7 +123,7 @@ class VisionEncoder(nn.Module):
         quarter = cfg.head_dim // 4
         self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float32) / quarter),
                              persistent=False)
-        self._rotary_cache: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._positions: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
     # ---- the model ----
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
@@ -132,15 +131,23 @@ class VisionEncoder(nn.Module):
         return self.encoder_cudagraph_forward(inputs)
 
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH) -> torch.Tensor:
-        x = self.patch_embed(inputs["pixel_values"])                         # [tokens, merge^2, dim]
-        cos, sin = inputs["rotary_cos"], inputs["rotary_sin"]
+        patches = inputs["pixel_values"]              # [tokens, merge^2, patch_dim + 2]: pixels, then row, column
+        x = self.patch_embed(patches[..., :self.cfg.patch_dim])                # [tokens, merge^2, dim]
+        rows, cols = patches[..., -2:].float().unbind(-1)
+        angles = torch.cat([rows[..., None] * self.inv_freq, cols[..., None] * self.inv_freq], dim=-1)
+        cos, sin = angles.cos(), angles.sin()
         for block in self.blocks:
             x = block(x, cos, sin, inputs["cu_seqlens"])
         x = self.merger_norm(x).flatten(1)
         return self.merger_fc2(F.gelu(self.merger_fc1(x)))
 
     def _inputs(self, mm_kwargs: dict) -> dict[str, torch.Tensor]:
-        """The forward's buffers at the batch's own size: patches, rotary angles per patch, frame boundaries."""
+        """The forward's buffers at the batch's own size: patches with their positions, frame boundaries.
+
+        Positions ride in the patch buffer's last two columns (exact in bf16 up to 256 patches a side) rather
+        than in tables of their own: one dynamic input, so no relation between inputs' sizes for the compiler to
+        track, and the rotary angles are computed inside the compiled graph.
+        """
         grids = _grids(mm_kwargs["grid_thw"])
         longest = self.cfg.max_pixels // self.cfg.patch_size ** 2
         for t, h, w in grids:
@@ -149,29 +156,26 @@ class VisionEncoder(nn.Module):
                                  f"({self.cfg.max_pixels} pixels, {longest} patches); resize it or raise max_pixels")
         pixels = mm_kwargs["pixel_values"]
         device = pixels.device
-        cos, sin = zip(*(self._rotary(h, w, device) for t, h, w in grids for _ in range(t))) if grids else ((), ())
+        positions = [self._frame_positions(h, w, device, pixels.dtype) for t, h, w in grids for _ in range(t)]
         frames = [h * w for t, h, w in grids for _ in range(t)]
         cu = torch.tensor([0, *itertools.accumulate(frames)], dtype=torch.int32).to(device, non_blocking=True)
-        group, half = self.cfg.merge ** 2, self.cfg.head_dim // 2
-        empty = torch.empty(0, half, device=device)
-        return {"pixel_values": pixels.view(-1, group, pixels.shape[-1]),
-                "rotary_cos": (torch.cat(cos) if cos else empty).view(-1, group, half),
-                "rotary_sin": (torch.cat(sin) if sin else empty).view(-1, group, half), "cu_seqlens": cu}
+        where = torch.cat(positions) if positions else pixels.new_empty(0, 2)
+        patches = torch.cat([pixels, where], dim=-1)
+        return {"pixel_values": patches.view(-1, self.cfg.merge ** 2, patches.shape[-1]), "cu_seqlens": cu}
 
-    def _rotary(self, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _frame_positions(self, h: int, w: int, device, dtype) -> torch.Tensor:
         key = (h, w, device)
-        if key not in self._rotary_cache:
+        if key not in self._positions:
             rows, cols = patch_grid(h, w, self.cfg.merge)
-            angles = torch.cat([rows[:, None] * self.inv_freq.cpu(), cols[:, None] * self.inv_freq.cpu()], dim=-1)
-            self._rotary_cache[key] = (angles.cos().to(device), angles.sin().to(device))
-        return self._rotary_cache[key]
+            self._positions[key] = torch.stack([rows, cols], dim=-1).to(device=device, dtype=dtype)
+        return self._positions[key]
 
     # ---- SupportsEncoderCudaGraph ----
     def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
         return EncoderCudaGraphConfig(
-            buffer_keys=("pixel_values", "rotary_cos", "rotary_sin", "cu_seqlens"),
+            buffer_keys=("pixel_values", "cu_seqlens"),
             out_hidden_size=self.cfg.out_hidden, modalities=("image", "video"),
-            token_dims={"pixel_values": 0, "rotary_cos": 0, "rotary_sin": 0, "cu_seqlens": 0},
+            token_dims={"pixel_values": 0, "cu_seqlens": 0},
             padding_logics={"cu_seqlens": edge_fill}, max_frames_per_video=self.cfg.max_frames_per_video)
 
     def get_encoder_cudagraph_budget_range(self, config) -> tuple[int, int]:
@@ -196,11 +200,9 @@ class VisionEncoder(nn.Module):
 
     def prepare_encoder_cudagraph_capture_inputs(self, token_budget, max_batch_size, max_frames_per_batch, device,
                                                  dtype, path=DEFAULT_PATH) -> EncoderCudaGraphCaptureInputs:
-        group, half = self.cfg.merge ** 2, self.cfg.head_dim // 2
         return EncoderCudaGraphCaptureInputs({
-            "pixel_values": torch.zeros(token_budget, group, self.cfg.patch_dim, device=device, dtype=dtype),
-            "rotary_cos": torch.ones(token_budget, group, half, device=device),
-            "rotary_sin": torch.zeros(token_budget, group, half, device=device),
+            "pixel_values": torch.zeros(token_budget, self.cfg.merge ** 2, self.cfg.patch_dim + 2, device=device,
+                                        dtype=dtype),
             # One slot per frame; unused slots repeat the last boundary (empty sequences cost nothing).
             "cu_seqlens": torch.zeros(max_frames_per_batch + 1, dtype=torch.int32, device=device),
         })
