@@ -133,6 +133,25 @@ def test_without_graphs_the_compiled_forward_runs_each_sub_batch_at_its_own_size
     assert manager.stats()["padding_waste"] == 0.0
 
 
+def test_a_compile_that_fails_falls_back_to_capturing_the_models_own_forward(encoder, simulated_capture,
+                                                                            fresh_counters, monkeypatch, caplog):
+    import vgc.api
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("tracer pinned a dynamic size\nsecond line")
+
+    monkeypatch.setattr(vgc.api.CompiledModel, "__call__", refuse)
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[16, 64])
+    manager = EncoderCudaGraphManager(encoder, config)
+    manager.capture()   # the start goes on
+    assert manager.stats()["compile_errors"] == {"default": "RuntimeError: tracer pinned a dynamic size"}
+    assert "could not compile the encoder's default forward (RuntimeError: tracer pinned a dynamic size)" \
+        in caplog.text
+    mm = vit.make_images(CFG, [32, 64, (32, 96)], seed=5)
+    assert_items_close(manager.execute(mm), eager_items(encoder, mm))
+    assert fresh_counters.encoder_replays == 1
+
+
 def test_balance_spreads_items_by_size_and_keeps_every_index():
     # Largest first, each to the least-loaded rank: 9 | 7, 5 | then 3, 3 to rank 0 and 1 to rank 1 (15 vs 13).
     assert balance([5, 1, 9, 3, 3, 7], 2) == [[2, 3, 4], [0, 1, 5]]

@@ -66,6 +66,7 @@ class EncoderCudaGraphManager:
             dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1)
         self._compile = compile
         self._forwards: dict[str, Callable] = {}
+        self.compile_errors: dict[str, str] = {}   # per path: why vgc's compile failed (the plain forward runs)
         self.graphs: dict[str, dict[int, BudgetGraphMetadata]] = {path: {} for path in self.paths}
         self.counters = Counters.child_of(counters)
         self._pool = None
@@ -147,7 +148,17 @@ class EncoderCudaGraphManager:
         units = _next_prime(self.paths[path].largest // unit + 1)
         while any(d % units == 0 for d in fixed):
             units = _next_prime(units + 1)
-        self._forward_at(path, unit * units)
+        try:
+            self._forward_at(path, unit * units)
+        except Exception as error:   # any compile failure: the start goes on with the model's own forward
+            # Graphs of the model's own forward still remove the launch overhead; a start must not fail because
+            # vgc could not compile (e.g. a dynamic size the tracer pinned on this torch version).
+            first_line = (str(error).splitlines() or [""])[0]
+            logger.warning("vgc could not compile the encoder's %s forward (%s: %s); capturing the model's own "
+                           "forward instead", path, type(error).__name__, first_line)
+            self.compile_errors[path] = f"{type(error).__name__}: {first_line}"
+            self._forwards[path] = self._plain_forward(path)
+            self._forward_at(path, self.paths[path].largest)   # a model whose own forward fails stops here
 
     def _forward_at(self, path: str, budget: int) -> tuple[Callable, dict[str, torch.Tensor]]:
         """Run the path's forward once on its capture inputs for `budget`: the first run of a path traces and
@@ -174,20 +185,23 @@ class EncoderCudaGraphManager:
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"encoder_cudagraph_forward(path={path!r}) must return one tensor, got "
                             f"{type(output).__name__}")
-        self.graphs[path][budget] = BudgetGraphMetadata(
-            path, budget, max_items, max_frames, graph, values, output,
-            memory_bytes=max(0, cuda_runtime.reserved_bytes(self.device) - before))   # < 0: the allocator freed elsewhere
+        grown = cuda_runtime.reserved_bytes(self.device) - before   # < 0 when the allocator freed memory elsewhere
+        self.graphs[path][budget] = BudgetGraphMetadata(path, budget, max_items, max_frames, graph, values, output,
+                                                        memory_bytes=max(0, grown))
         self.counters.add(cudagraph_captures=1)
 
-    def _forward(self, path: str, values: dict[str, torch.Tensor]) -> Callable:
-        if path in self._forwards:
-            return self._forwards[path]
+    def _plain_forward(self, path: str) -> Callable:
         model = self.model
 
         def encoder_forward(inputs):
             return model.encoder_cudagraph_forward(inputs, path=path)
 
-        forward = encoder_forward
+        return encoder_forward
+
+    def _forward(self, path: str, values: dict[str, torch.Tensor]) -> Callable:
+        if path in self._forwards:
+            return self._forwards[path]
+        forward = encoder_forward = self._plain_forward(path)
         if self._compile:
             from vgc.api import CompiledModel   # vgc.api imports the backend; the encoder package stays light
             dims = {k: d for k, d in self.model_config.token_dims.items() if k in values}
@@ -302,6 +316,7 @@ class EncoderCudaGraphManager:
             "padding_waste": self._tokens["padded"] / seen if seen else None,
             "tokens": dict(self._tokens),
             "seconds": dict(self._seconds),
+            "compile_errors": dict(self.compile_errors),
             "counters": self.counters.as_dict(per_call=False),
         }
 

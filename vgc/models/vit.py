@@ -85,21 +85,19 @@ class _Block(nn.Module):
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x, cos, sin, cu_seqlens):
-        # x is [tokens, merge*merge, dim]: patches grouped by the token they merge into, so the token count is
-        # the one dynamic size and every reshape is exact.
-        q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)
+        # x is [patches, dim], patches = merge*merge times the token count, the one dynamic size.
+        q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        attn = torch.ops.vgc.varlen_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens,
-                                              self.max_seqlen, self.scale)
-        x = x + self.proj(attn.reshape(x.shape))
+        attn = torch.ops.vgc.varlen_attention(q, k, v, cu_seqlens, self.max_seqlen, self.scale)
+        x = x + self.proj(attn.flatten(1))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
 
 
 def _rotate(x, cos, sin):
-    """2-D rotary embedding, rotate-half style: x is [T, G, heads, head_dim], cos/sin [T, G, head_dim/2] (height
-    angles, then width)."""
+    """2-D rotary embedding, rotate-half style: x is [patches, heads, head_dim], cos/sin [patches, head_dim/2]
+    (height angles, then width)."""
     x1, x2 = x.float().chunk(2, dim=-1)
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    cos, sin = cos[:, None, :], sin[:, None, :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
@@ -131,14 +129,17 @@ class VisionEncoder(nn.Module):
         return self.encoder_cudagraph_forward(inputs)
 
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH) -> torch.Tensor:
-        patches = inputs["pixel_values"]              # [tokens, merge^2, patch_dim + 2]: pixels, then row, column
-        x = self.patch_embed(patches[..., :self.cfg.patch_dim])                # [tokens, merge^2, dim]
-        rows, cols = patches[..., -2:].float().unbind(-1)
+        # [tokens, merge^2, patch_dim + 2] (pixels, then row and column), as [patches, ...]: every matmul sees
+        # 2-D inputs, and the token count stays exact (patches is merge^2 times it)
+        grouped = inputs["pixel_values"]
+        patches = grouped.flatten(0, 1)
+        x = self.patch_embed(patches[:, :self.cfg.patch_dim])                  # [patches, dim]
+        rows, cols = patches[:, -2:].float().unbind(-1)
         angles = torch.cat([rows[..., None] * self.inv_freq, cols[..., None] * self.inv_freq], dim=-1)
         cos, sin = angles.cos(), angles.sin()
         for block in self.blocks:
             x = block(x, cos, sin, inputs["cu_seqlens"])
-        x = self.merger_norm(x).flatten(1)
+        x = self.merger_norm(x).reshape(grouped.shape[0], -1)                 # [tokens, merge^2 * dim]
         return self.merger_fc2(F.gelu(self.merger_fc1(x)))
 
     def _inputs(self, mm_kwargs: dict) -> dict[str, torch.Tensor]:
