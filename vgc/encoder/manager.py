@@ -153,6 +153,8 @@ class EncoderCudaGraphManager:
         except Exception as error:   # any compile failure: the start goes on with the model's own forward
             # Graphs of the model's own forward still remove the launch overhead; a start must not fail because
             # vgc could not compile (e.g. a dynamic size the tracer pinned on this torch version).
+            while error.__cause__ is not None:   # Dynamo wraps what the backend raised
+                error = error.__cause__
             first_line = (str(error).splitlines() or [""])[0]
             logger.warning("vgc could not compile the encoder's %s forward (%s: %s); capturing the model's own "
                            "forward instead", path, type(error).__name__, first_line)
