@@ -10,6 +10,7 @@ per item in the caller's order. Everything model-specific goes through `Supports
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import time
@@ -203,14 +204,31 @@ class EncoderCudaGraphManager:
     def _forward(self, path: str, values: dict[str, torch.Tensor]) -> Callable:
         if path in self._forwards:
             return self._forwards[path]
-        forward = encoder_forward = self._plain_forward(path)
+        forward = self._plain_forward(path)
         if self._compile:
-            from vgc.api import CompiledModel   # vgc.api imports the backend; the encoder package stays light
-            dims = {k: d for k, d in self.model_config.token_dims.items() if k in values}
-            config = dataclasses.replace(self.config, cudagraph_mode=CUDAGraphMode.NONE)
-            forward = CompiledModel(encoder_forward, config, dynamic_arg_dims={"inputs": dims} if dims else None)
+            forward = self._compiled_forward(path, tuple(values))
         self._forwards[path] = forward
         return forward
+
+    def _compiled_forward(self, path: str, keys: tuple[str, ...]) -> Callable:
+        """The path's forward compiled by `vgc.compile`, its buffers passed as top-level tensor arguments named by
+        their keys (the form vgc's decoders use: each dynamic dim marked on an argument of its own), taking and
+        returning what the plain forward does."""
+        from vgc.api import CompiledModel   # vgc.api imports the backend; the encoder package stays light
+
+        if not all(key.isidentifier() for key in keys):
+            raise ValueError(f"encoder buffer keys must be Python identifiers to be compiled, got {list(keys)}")
+        model = self.model
+
+        def encoder_forward(*tensors):
+            return model.encoder_cudagraph_forward(dict(zip(keys, tensors)), path=path)
+
+        encoder_forward.__signature__ = inspect.Signature(
+            [inspect.Parameter(key, inspect.Parameter.POSITIONAL_ONLY) for key in keys])
+        dims = {k: d for k, d in self.model_config.token_dims.items() if k in keys}
+        config = dataclasses.replace(self.config, cudagraph_mode=CUDAGraphMode.NONE)
+        compiled = CompiledModel(encoder_forward, config, dynamic_arg_dims=dims or None)
+        return lambda values: compiled(*(values[key] for key in keys))
 
     # ---- serving ----
     def execute(self, mm_kwargs: dict) -> list[torch.Tensor]:
