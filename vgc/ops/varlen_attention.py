@@ -38,9 +38,8 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 @varlen_attention.register_fake
 def _(query, key, value, cu_seqlens, max_seqlen, scale):
-    # A fresh contiguous tensor, as both real paths return. (empty_like would copy the strides of a query sliced
-    # out of a fused qkv projection, and reshaping such a result makes the tracer compare the dynamic size with
-    # fixed ones, which pins it.)
+    # A fresh contiguous tensor, as both real paths return (empty_like would copy the strides of a query sliced
+    # out of a fused qkv projection, which the real outputs do not have).
     return query.new_empty(query.shape)
 
 
