@@ -233,3 +233,18 @@ def test_triton_decode_and_kv_write_match_reference(heads, layout):
         assert_same(vc.cpu(), ref_vc)
     if device == "cuda":   # the repeated calls above went through the cached-binary launch
         assert triton_attention._launch_decode.binaries and triton_attention._launch_write_kv.binaries
+
+
+def test_varlen_attention_attends_within_each_sequence_and_zeroes_padding_rows():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(12, 2, 8) for _ in range(3))
+    cu = torch.tensor([0, 3, 3, 8, 10, 10], dtype=torch.int32)   # an empty sequence, then 2 padding rows
+    out = torch.ops.vgc.varlen_attention(q, k, v, cu, 64, 8 ** -0.5)
+    mask = torch.zeros(12, 12, dtype=torch.bool)
+    for start, end in ((0, 3), (3, 8), (8, 10)):
+        mask[start:end, start:end] = True
+    heads_first = [t.transpose(0, 1) for t in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*heads_first, attn_mask=mask, scale=8 ** -0.5)
+    want = want.transpose(0, 1)
+    torch.testing.assert_close(out[:10], want[:10], atol=1e-5, rtol=1e-5)
+    assert out[10:].abs().max() == 0 and out.is_contiguous()
