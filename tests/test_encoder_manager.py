@@ -169,6 +169,8 @@ def _data_parallel_rank(rank: int, world: int, init_file: str, out_dir: str) -> 
         manager.capture()
         mm = vit.make_images(CFG, [128, 32, 64, 48, (32, 96), 64, 32], frames=[1, 1, 4, 1, 1, 1, 2], seed=7)
         torch.save(manager.execute(mm), os.path.join(out_dir, f"rank{rank}.pt"))
+        one = vit.make_images(CFG, [64], seed=8)   # rank 1 gets no item and still returns it
+        torch.save(manager.execute(one), os.path.join(out_dir, f"rank{rank}-one.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -180,3 +182,5 @@ def test_data_parallel_over_two_gloo_ranks_equals_one_process(encoder, tmp_path)
     want = eager_items(encoder, mm)
     for rank in range(2):
         assert_items_close(torch.load(tmp_path / f"rank{rank}.pt"), want)
+        assert_items_close(torch.load(tmp_path / f"rank{rank}-one.pt"),
+                           eager_items(encoder, vit.make_images(CFG, [64], seed=8)))

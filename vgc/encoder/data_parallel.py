@@ -35,43 +35,35 @@ def gather(local_outputs: list[torch.Tensor], shares: list[list[int]], group=Non
     rank = dist.get_rank(group)
     if len(local_outputs) != len(shares[rank]):
         raise ValueError(f"rank {rank} produced {len(local_outputs)} outputs for {len(shares[rank])} items")
-    rows = [[0] * len(share) for share in shares]
-    # Row counts first (small, on the host), so each rank can pad its block to the largest one.
-    local_rows = [int(t.shape[0]) for t in local_outputs]
-    gathered_rows: list[list[int] | None] = [None] * len(shares)
-    dist.all_gather_object(gathered_rows, local_rows, group=group)
-    rows = [list(r) for r in gathered_rows]
-    template = _template(local_outputs, group)
-    block = max(sum(r) for r in rows)
-    mine = torch.zeros((block, *template.shape[1:]), dtype=template.dtype, device=template.device)
+    # Row counts and the outputs' trailing shape first, in one small host exchange: each rank pads its block to
+    # the largest, and a rank without items learns the shape from one with some.
+    described = None
+    if local_outputs:
+        t = local_outputs[0]
+        described = (tuple(t.shape[1:]), str(t.dtype).removeprefix("torch."))
+    everyone: list = [None] * len(shares)
+    dist.all_gather_object(everyone, ([int(t.shape[0]) for t in local_outputs], described), group=group)
+    rows = [r for r, _ in everyone]
+    known = next((d for _, d in everyone if d is not None), None)
+    if known is None:   # no rank had an item
+        return []
+    shape, dtype = known
+    device = local_outputs[0].device if local_outputs else _collective_device(group)
+    mine = torch.zeros((max(sum(r) for r in rows), *shape), dtype=getattr(torch, dtype), device=device)
     if local_outputs:
         flat = torch.cat(local_outputs)
         mine[:flat.shape[0]].copy_(flat)
     blocks = [torch.empty_like(mine) for _ in shares]
     dist.all_gather(blocks, mine, group=group)
-    total = sum(len(s) for s in shares)
-    ordered: list[torch.Tensor | None] = [None] * total
+    ordered: list[torch.Tensor | None] = [None] * sum(len(s) for s in shares)
     for share, share_rows, data in zip(shares, rows, blocks):
         for index, piece in zip(share, torch.split(data[:sum(share_rows)], share_rows)):
             ordered[index] = piece
     return ordered
 
 
-def _template(local_outputs: list[torch.Tensor], group) -> torch.Tensor:
-    """A tensor with the outputs' trailing shape, dtype and device, known on every rank (a rank with no items
-    learns it from a rank with some)."""
-    described = None
-    if local_outputs:
-        t = local_outputs[0]
-        described = (tuple(t.shape[1:]), str(t.dtype).removeprefix("torch."), str(t.device))
-    everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, described, group=group)
-    known = next((d for d in everyone if d is not None), None)
-    if known is None:
-        return torch.empty(0)
-    shape, dtype, device = known
-    if local_outputs:
-        device = str(local_outputs[0].device)
-    elif device.startswith("cuda"):
-        device = f"cuda:{torch.cuda.current_device()}"
-    return torch.empty((0, *shape), dtype=getattr(torch, dtype), device=device)
+def _collective_device(group) -> torch.device:
+    """Where this rank's tensors for the group's backend live: the current CUDA device for NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

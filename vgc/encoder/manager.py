@@ -92,10 +92,9 @@ class EncoderCudaGraphManager:
         if not self.model_config.enable_dual_path_graph:
             budgets = chosen or budget_levels(smallest, largest)
             return {DEFAULT_PATH: PathBudgets(tuple(budgets), max_items, max_frames, unit=smallest)}
-        units = {GLOBAL_PATH: self.model_config.global_token_per_image,
-                 LOCAL_PATH: self.model_config.local_token_per_patch}
         paths = {}
-        for path, unit in units.items():
+        for path in (GLOBAL_PATH, LOCAL_PATH):
+            unit = self.model_config.tokens_per_unit(path)
             if unit < 1:
                 raise ValueError(f"a dual-path encoder config needs global_token_per_image and "
                                  f"local_token_per_patch >= 1, got {path} {unit}")
@@ -142,8 +141,7 @@ class EncoderCudaGraphManager:
         runs at a prime number of units (tokens, or whole views on a dual path) just above the largest budget
         that divides no fixed size, so no multiple of it is one either.
         """
-        unit = {GLOBAL_PATH: self.model_config.global_token_per_image,
-                LOCAL_PATH: self.model_config.local_token_per_patch}.get(path, 1)
+        unit = self.model_config.tokens_per_unit(path)
         tensors = [*self.model.parameters(), *self.model.buffers()] if isinstance(self.model, torch.nn.Module) else []
         fixed = {d for t in tensors for d in t.shape if d > 1}
         units = _next_prime(self.paths[path].largest // unit + 1)

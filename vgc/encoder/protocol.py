@@ -68,6 +68,10 @@ class EncoderCudaGraphConfig:
     def paths(self) -> tuple[str, ...]:
         return (GLOBAL_PATH, LOCAL_PATH) if self.enable_dual_path_graph else (DEFAULT_PATH,)
 
+    def tokens_per_unit(self, path: str) -> int:
+        """Tokens of the unit a path's budgets count in: a whole image (global), a patch (local), a token."""
+        return {GLOBAL_PATH: self.global_token_per_image, LOCAL_PATH: self.local_token_per_patch}.get(path, 1)
+
     def keys_for(self, path: str) -> tuple[str, ...]:
         return tuple(self.path_buffer_keys.get(path, self.buffer_keys))
 

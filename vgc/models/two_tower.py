@@ -30,7 +30,7 @@ from torch import nn
 
 from ..encoder.protocol import (GLOBAL_PATH, LOCAL_PATH, EncoderCudaGraphCaptureInputs, EncoderCudaGraphConfig,
                                 EncoderCudaGraphReplayBuffers, EncoderItemSpec)
-from .vit import patch_grid
+from .vit import PreNormBlock, patch_grid
 
 __all__ = ["TowerConfig", "TwoTowerConfig", "TwoTowerEncoder", "tiny_config", "bench_config", "make_images",
            "patchify", "PIXEL_KEYS"]
@@ -120,23 +120,12 @@ def bench_config() -> TwoTowerConfig:
                           dtype=torch.bfloat16)
 
 
-class _Block(nn.Module):
-    def __init__(self, tower: TowerConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(tower.dim, eps=1e-6)
-        self.qkv = nn.Linear(tower.dim, 3 * tower.dim)
-        self.proj = nn.Linear(tower.dim, tower.dim)
-        self.norm2 = nn.LayerNorm(tower.dim, eps=1e-6)
-        self.fc1 = nn.Linear(tower.dim, tower.mlp_dim)
-        self.fc2 = nn.Linear(tower.mlp_dim, tower.dim)
-        self.num_heads, self.head_dim = tower.num_heads, tower.dim // tower.num_heads
-
+class _Block(PreNormBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x is [views, patches, dim]; attention runs within each view.
         q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.num_heads, self.head_dim)).permute(2, 0, 3, 1, 4)
         attn = F.scaled_dot_product_attention(q, k, v)                     # [views, heads, patches, head_dim]
-        x = x + self.proj(attn.transpose(1, 2).flatten(2))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+        return self.mlp(x + self.proj(attn.transpose(1, 2).flatten(2)))
 
 
 class _Tower(nn.Module):
@@ -146,7 +135,7 @@ class _Tower(nn.Module):
         super().__init__()
         tower = cfg.tower(path)
         self.patch_embed = nn.Linear(cfg.patch_dim, tower.dim)
-        self.blocks = nn.ModuleList(_Block(tower) for _ in range(tower.depth))
+        self.blocks = nn.ModuleList(_Block(tower.dim, tower.num_heads, tower.mlp_dim) for _ in range(tower.depth))
         self.merger_norm = nn.LayerNorm(tower.dim, eps=1e-6)
         merged = tower.dim * cfg.merge ** 2
         self.merger_fc1 = nn.Linear(merged, tower.dim)

@@ -24,7 +24,7 @@ from .. import ops  # noqa: F401  (registers torch.ops.vgc.varlen_attention)
 from ..encoder.protocol import (DEFAULT_PATH, EncoderCudaGraphCaptureInputs, EncoderCudaGraphConfig,
                                 EncoderCudaGraphReplayBuffers, EncoderItemSpec, split_by_tokens)
 
-__all__ = ["VisionConfig", "VisionEncoder", "tiny_vit_config", "qwen2_vl_vit_config", "make_images",
+__all__ = ["VisionConfig", "VisionEncoder", "PreNormBlock", "tiny_vit_config", "qwen2_vl_vit_config", "make_images",
            "patch_grid", "edge_fill"]
 
 
@@ -71,16 +71,27 @@ def qwen2_vl_vit_config() -> VisionConfig:
     return VisionConfig(depth=32, dim=1280, num_heads=16, mlp_dim=5120, out_hidden=3584, dtype=torch.bfloat16)
 
 
-class _Block(nn.Module):
-    def __init__(self, cfg: VisionConfig):
+class PreNormBlock(nn.Module):
+    """The weights of a pre-norm ViT layer and its MLP half; each encoder's subclass says how attention mixes
+    tokens (packed varlen sequences here, fixed-length views in `two_tower`)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int):
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.dim, eps=1e-6)
-        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
-        self.proj = nn.Linear(cfg.dim, cfg.dim)
-        self.norm2 = nn.LayerNorm(cfg.dim, eps=1e-6)
-        self.fc1 = nn.Linear(cfg.dim, cfg.mlp_dim)
-        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.dim)
-        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.fc1 = nn.Linear(dim, mlp_dim)
+        self.fc2 = nn.Linear(mlp_dim, dim)
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+
+
+class _Block(PreNormBlock):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__(cfg.dim, cfg.num_heads, cfg.mlp_dim)
         self.max_seqlen = cfg.max_pixels // cfg.patch_size ** 2
         self.scale = cfg.head_dim ** -0.5
 
@@ -89,8 +100,7 @@ class _Block(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         attn = torch.ops.vgc.varlen_attention(q, k, v, cu_seqlens, self.max_seqlen, self.scale)
-        x = x + self.proj(attn.flatten(1))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+        return self.mlp(x + self.proj(attn.flatten(1)))
 
 
 def _rotate(x, cos, sin):
