@@ -13,13 +13,10 @@ import dataclasses
 import enum
 import hashlib
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from vgc import _compat
-
-logger = logging.getLogger("vgc")
 
 
 class CUDAGraphMode(enum.Enum):
