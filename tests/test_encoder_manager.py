@@ -121,6 +121,30 @@ def test_vgc_compiled_budgets_load_from_the_cache_and_never_compile_on_a_request
             assert_items_close(manager.execute(mm), eager_items(encoder, mm))
 
 
+def test_calibration_replays_only_where_the_graph_saves_more_than_the_padding_costs(encoder, simulated_capture,
+                                                                                   fresh_counters, monkeypatch):
+    """Budget 8's graph saves half the time, 16's a quarter, 32's 1% (below the floor: 64 is not timed)."""
+    from vgc.encoder import manager as manager_module
+
+    timings = iter([1.0, 2.0,  0.75, 1.0,  0.99, 1.0])   # (replay, compiled forward) per timed budget
+    monkeypatch.setattr(manager_module, "_median_seconds", lambda fn, device: next(timings))
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[8, 16, 32, 64])
+    manager = EncoderCudaGraphManager(encoder, config, compile=False, calibrate=True)
+    manager.capture()
+    assert manager.stats()["graph_savings"]["default"] == pytest.approx({8: 0.5, 16: 0.25, 32: 0.01, 64: 0.0})
+    cases = [([32], "replayed"),            # 4 tokens in budget 8: padding 50% <= 50% saved
+             ([48], "exact"),               # 9 in 16: padding 44% > 25% saved
+             ([64, 32, 32, 32], "exact"),   # 28 in 32: padding 12.5% > 1% saved
+             ([64, 64, 64], "exact")]       # 48 in 64: never timed, saves nothing
+    for sides, how in cases:
+        before = dict(manager.stats()["path_items"]["default"])
+        mm = vit.make_images(CFG, sides, seed=len(sides))
+        assert_items_close(manager.execute(mm), eager_items(encoder, mm))
+        after = manager.stats()["path_items"]["default"]
+        assert after[how] - before[how] == len(sides), (sides, how, after)
+    assert manager.stats()["items_missed"] == 0 and fresh_counters.encoder_replays == 1
+
+
 def test_without_graphs_the_compiled_forward_runs_each_sub_batch_at_its_own_size(encoder, no_cache,
                                                                                  fresh_counters):
     manager = EncoderCudaGraphManager(encoder, vgc.CompilationConfig(cudagraph_mm_encoder=False))

@@ -130,7 +130,8 @@ def test_replays_equal_eager_for_images_with_and_without_crops(model, simulated_
     assert_items_close(outputs, eager(model, mm))
     assert deltas(before) == {"encoder_replays": 2, "encoder_eager_runs": 0}   # one graph per path
     stats = manager.stats()
-    assert stats["path_items"] == {"global": {"replayed": 5, "eager": 0}, "local": {"replayed": 5, "eager": 0}}
+    assert stats["path_items"] == {"global": {"replayed": 5, "exact": 0, "eager": 0},
+                                   "local": {"replayed": 5, "exact": 0, "eager": 0}}
     assert stats["replays"] == {"global": {20: 1}, "local": {20: 1}}
     kept = [o.clone() for o in outputs]
 
@@ -139,7 +140,8 @@ def test_replays_equal_eager_for_images_with_and_without_crops(model, simulated_
     assert_items_close(manager.execute(mm), eager(model, mm))
     assert deltas(before) == {"encoder_replays": 1, "encoder_eager_runs": 0}
     stats = manager.stats()
-    assert stats["path_items"] == {"global": {"replayed": 8, "eager": 0}, "local": {"replayed": 5, "eager": 0}}
+    assert stats["path_items"] == {"global": {"replayed": 8, "exact": 0, "eager": 0},
+                                   "local": {"replayed": 5, "exact": 0, "eager": 0}}
     assert stats["replays"]["global"] == {12: 1, 20: 1}
 
     # Smaller batches after larger ones (stale views in the budget buffers must not leak in), and more images
@@ -163,7 +165,8 @@ def test_an_image_with_more_crops_than_any_local_budget_runs_its_local_path_eage
     assert deltas(before) == {"encoder_replays": 3, "encoder_eager_runs": 1}
     stats = manager.stats()
     assert (stats["items_hit"], stats["items_missed"]) == (3, 1)
-    assert stats["path_items"] == {"global": {"replayed": 4, "eager": 0}, "local": {"replayed": 3, "eager": 1}}
+    assert stats["path_items"] == {"global": {"replayed": 4, "exact": 0, "eager": 0},
+                                   "local": {"replayed": 3, "exact": 0, "eager": 1}}
     assert stats["replays"] == {"global": {4: 1, 12: 1}, "local": {8: 1}}
 
 
@@ -172,7 +175,7 @@ def test_chosen_budgets_are_rounded_to_whole_views_per_path(model, simulated_cud
     assert manager.stats()["captured"] == {"global": [8, 16], "local": [6, 8, 16]}
     mm = two_tower.make_images(CFG, [3, 0, 9], seed=6)   # image 2: 18 local tokens, over the local 16
     assert_items_close(manager.execute(mm), eager(model, mm))
-    assert manager.stats()["path_items"]["local"] == {"replayed": 2, "eager": 1}
+    assert manager.stats()["path_items"]["local"] == {"replayed": 2, "exact": 0, "eager": 1}
 
 
 def test_without_graphs_each_path_runs_at_the_sub_batch_size(model, fresh_counters):

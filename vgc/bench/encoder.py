@@ -225,16 +225,18 @@ def _build(row: str, kind: str, model, full_largest: int) -> tuple[Callable[[dic
     start = time.perf_counter()
     stats = manager.capture()
     info.update(manager=manager, setup_s=time.perf_counter() - start, compile_s=stats["seconds"].get("compile"),
-                capture_s=stats["seconds"].get("capture"), budgets=stats["budgets"],
+                capture_s=stats["seconds"].get("capture", 0) + stats["seconds"].get("calibrate", 0),
+                budgets=stats["budgets"],
                 graphs=sum(len(b) for b in stats["captured"].values()),
                 graph_memory_bytes=sum(sum(m.values()) for m in stats["graph_memory_bytes"].values()))
     return manager.execute, info
 
 
-def _graph_totals(stats: dict) -> tuple[int, int, float, float]:
-    """(items hit, items missed, budget tokens replayed, padding tokens among them) so far."""
-    seen = sum(budget * n for replays in stats["replays"].values() for budget, n in replays.items())
-    return stats["items_hit"], stats["items_missed"], seen, (stats["padding_waste"] or 0.0) * seen
+def _graph_totals(stats: dict) -> tuple[int, int, int, int]:
+    """(path runs replayed, all path runs, budget tokens replayed, padding tokens among them) so far."""
+    runs = stats["path_items"].values()
+    return (sum(r["replayed"] for r in runs), sum(sum(r.values()) for r in runs), stats["tokens"]["replayed"],
+            stats["tokens"]["padded"])
 
 
 # ---- timing ----
@@ -287,8 +289,8 @@ def _measure(row: str, run, info: dict, model, requests: list[dict], reference: 
         result.update({k: info[k] for k in ("compile_s", "capture_s", "graphs", "graph_memory_bytes", "budgets")})
         result["setup_s"] = info["setup_s"]
     if graphs:
-        hit, missed, seen, padded = (a - b for a, b in zip(_graph_totals(manager.stats()), before))
-        result["hit_rate"] = hit / (hit + missed) if hit + missed else None
+        replayed, runs, seen, padded = (a - b for a, b in zip(_graph_totals(manager.stats()), before))
+        result["graph_rate"] = replayed / runs if runs else None
         result["padding_waste"] = padded / seen if seen else None
     return result
 
@@ -302,7 +304,7 @@ def _fmt(value, spec: str, width: int) -> str:
     return f"{value:{width}{spec}}"
 
 
-COLUMNS = (("mean ms", 8), ("p50 ms", 8), ("p99 ms", 8), ("vs eager", 8), ("hit %", 5), ("pad %", 5),
+COLUMNS = (("mean ms", 8), ("p50 ms", 8), ("p99 ms", 8), ("vs eager", 8), ("graph %", 7), ("pad %", 5),
            ("graphs", 6), ("compile s", 9), ("capture s", 9), ("graph MiB", 9), ("untimed s", 9), ("max|diff|", 9))
 
 
@@ -320,7 +322,7 @@ def _table(name: str, scenario: dict) -> list[str]:
         mib = r.get("graph_memory_bytes")
         cells = (_fmt(r["mean_ms"], ".3f", 8), _fmt(r["p50_ms"], ".3f", 8), _fmt(r["p99_ms"], ".3f", 8),
                  (f"{eager / r['mean_ms']:7.2f}x" if eager else _fmt(None, "", 8)),
-                 _fmt(pct(r.get("hit_rate")), ".1f", 5), _fmt(pct(r.get("padding_waste")), ".1f", 5),
+                 _fmt(pct(r.get("graph_rate")), ".1f", 7), _fmt(pct(r.get("padding_waste")), ".1f", 5),
                  _fmt(r.get("graphs") if row in GRAPH_ROWS else None, "d", 6), _fmt(r.get("compile_s"), ".1f", 9),
                  _fmt(r.get("capture_s") if row in GRAPH_ROWS else None, ".1f", 9),
                  _fmt(None if mib is None or row not in GRAPH_ROWS else mib / 2 ** 20, ".0f", 9),
@@ -336,9 +338,11 @@ notes: each request timed alone (synchronize, run, synchronize); mean/p50/p99 ov
   second), so compiles, recompiles and recordings per new shape are excluded (their cost is in "untimed s").
   compile rows: torch.compile(dynamic=True) of the model's forward over its buffers at the batch's own size
   (two-tower: each tower's), buffers built per request as the eager path builds them.
-  vs eager = eager mean / row mean (>1: faster). hit % = items served by graph replays, pad % = padding tokens /
-  replayed budget tokens, both over the timed requests. compile s, capture s: the manager's capture() (a later
-  manager of the same model may load the compile from vgc's compile cache); graph MiB = pool growth summed over
+  vs eager = eager mean / row mean (>1: faster). graph % = items served by graph replays (per path; the rest ran
+  the compiled forward at their own size, where the padding costs more than the graph saves, or eagerly, over
+  every budget), pad % = padding tokens / replayed budget tokens, both over the timed requests. compile s,
+  capture s: the manager's capture(), capture including the timing of graphs against the compiled forward (a
+  later manager of the same model may load the compile from vgc's compile cache); graph MiB = pool growth summed over
   its graphs. A manager captures once per model and serves every scenario of it. max|diff| = the first
   request's per-item outputs vs eager (bf16: ~1e-2 expected); never fails the run."""
 
@@ -477,8 +481,10 @@ def main(argv: list[str] | None = None) -> int:
             r = _row_on(row, kind, models[kind], full_largest[kind], built, work[s], args.warmup, sync)
             results[s]["rows"][row] = r
             if "error" not in r:
+                graphs = (f", graph {100 * r['graph_rate']:.0f}%, pad {100 * (r['padding_waste'] or 0):.1f}%, "
+                          f"capture {r['capture_s']:.1f} s") if r.get("graph_rate") is not None else ""
                 print(f"  [{s}] {row}: mean {r['mean_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, untimed "
-                      f"{r['untimed_s']:.1f} s, max|diff| {r['max_abs_diff']:.2e}", flush=True)
+                      f"{r['untimed_s']:.1f} s, max|diff| {r['max_abs_diff']:.2e}{graphs}", flush=True)
         built.clear()
         _release()
         if row not in unavailable:

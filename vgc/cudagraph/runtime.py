@@ -33,10 +33,30 @@ def capture(fn, pool):
     The one place vgc captures: tests on machines without a GPU replace it with a stand-in whose replay
     re-runs `fn` into the same output tensors, which keeps the address semantics of a real graph.
     """
+    # capture_begin/end on a side stream is what torch.cuda.graph does, minus the gc.collect() and
+    # torch.cuda.empty_cache() it runs on every entry: callers freeze the collector once around a whole capture
+    # loop, and emptying the cache per graph made every following warm-up run allocate afresh.
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = fn()
+    stream = _capture_stream(torch.cuda.current_device())
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            outputs = fn()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
     return graph, outputs
+
+
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _capture_stream(device_index: int):
+    """One side stream per device for every capture (a graph must not be captured on the default stream)."""
+    if device_index not in _capture_streams:
+        _capture_streams[device_index] = torch.cuda.Stream(device_index)
+    return _capture_streams[device_index]
 
 
 def graphs_supported(device: torch.device) -> bool:
@@ -54,6 +74,7 @@ def synchronize(device) -> None:
 
 def reserved_bytes(device) -> int:
     return torch.cuda.memory_reserved(device)
+
 
 
 @contextlib.contextmanager

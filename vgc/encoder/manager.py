@@ -3,8 +3,9 @@
 At start-up (`capture()`) the manager compiles the model's fixed-shape forward with vgc (one symbolic-size
 compile serves every budget, and a warm start loads it from the compile cache) and captures one graph per
 budget, largest first, into one memory pool. `execute(mm_kwargs)` packs the items into sub-batches, replays the
-smallest graph that holds each (items over every budget run the model's eager forward) and returns one output
-per item in the caller's order. Everything model-specific goes through `SupportsEncoderCudaGraph`.
+smallest graph that holds each (items over every budget run the model's eager forward; a sub-batch whose padding
+costs more than its graph saves runs the compiled forward at its own size) and returns one output per item in
+the caller's order. Everything model-specific goes through `SupportsEncoderCudaGraph`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from vgc.encoder.protocol import (DEFAULT_PATH, GLOBAL_PATH, LOCAL_PATH, BudgetG
 logger = logging.getLogger("vgc")
 
 _LOG_EVERY_ITEMS = 1000
+_MIN_GRAPH_SAVING = 0.02   # a budget whose graph saves less than this of the compiled forward's time
+_TIMED_RUNS = 3
 
 
 class EncoderCudaGraphManager:
@@ -40,12 +43,14 @@ class EncoderCudaGraphManager:
 
     `compile=False` records the model's own forward instead of vgc's compiled one. `data_parallel` (default:
     on when `torch.distributed` is initialised with more than one rank in `group`) shares the items of every
-    `execute` among the ranks, which must all call it with the same batch.
+    `execute` among the ranks, which must all call it with the same batch. `calibrate` (default: on a CUDA
+    device) times every graph against the compiled forward at start-up and runs a sub-batch at its own size,
+    without its graph, when the padding would cost more than the graph saves (large, compute-bound batches).
     """
 
     def __init__(self, model: Any, config: CompilationConfig | None = None, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, compile: bool = True, data_parallel: bool | None = None,
-                 group: Any = None):
+                 group: Any = None, calibrate: bool | None = None):
         missing = missing_methods(model)
         if missing:
             raise TypeError(f"{type(model).__name__} does not implement SupportsEncoderCudaGraph: it lacks "
@@ -69,14 +74,17 @@ class EncoderCudaGraphManager:
         self._forwards: dict[str, Callable] = {}
         self.compile_errors: dict[str, str] = {}   # per path: why vgc's compile failed (the plain forward runs)
         self.graphs: dict[str, dict[int, BudgetGraphMetadata]] = {path: {} for path in self.paths}
+        # timing graphs against the plain forward means something only on a real GPU (not the CPU stand-in)
+        self.calibrate = calibrate if calibrate is not None else self.device.type == "cuda"
+        self.graph_savings: dict[str, dict[int, float]] = {path: {} for path in self.paths}
         self.counters = Counters.child_of(counters)
         self._pool = None
         self._captured = False
         self._seconds: dict[str, float] = {}
         self._items = {"hit": 0, "missed": 0}
-        self._path_items: dict[str, dict[str, int]] = {p: {"replayed": 0, "eager": 0} for p in self.paths}
+        self._path_items: dict[str, dict[str, int]] = {p: {"replayed": 0, "exact": 0, "eager": 0} for p in self.paths}
         self._replays: dict[str, dict[int, int]] = {p: defaultdict(int) for p in self.paths}
-        self._tokens = {"real": 0, "padded": 0}
+        self._tokens = {"real": 0, "padded": 0, "replayed": 0}   # replayed: the budgets of every replay
         self._logged_at = 0
 
     # ---- budgets ----
@@ -123,11 +131,16 @@ class EncoderCudaGraphManager:
                 self._trace(path)
                 bar.update(1)
             self._seconds["compile"] = time.perf_counter() - start
-            for path, budget in todo:
-                self._capture_one(path, budget)
-                bar.update(1)
+            with cuda_runtime.frozen_gc():
+                for path, budget in todo:
+                    self._capture_one(path, budget)
+                    bar.update(1)
+            self._seconds["capture"] = time.perf_counter() - start - self._seconds["compile"]
+            if todo and self.calibrate:
+                for path in paths:
+                    self._calibrate(path)
+                self._seconds["calibrate"] = time.perf_counter() - start - sum(self._seconds.values())
         self._captured = True
-        self._seconds["capture"] = time.perf_counter() - start - self._seconds["compile"]
         logger.info("encoder: compiled in %.2f s, captured %d graphs in %.2f s (budgets %s)",
                     self._seconds["compile"], len(todo), self._seconds["capture"],
                     {p: list(b.budgets) for p, b in self.paths.items()})
@@ -178,18 +191,43 @@ class EncoderCudaGraphManager:
         if self._pool is None:
             self._pool = cuda_runtime.new_pool()
         cuda_runtime.synchronize(self.device)
-        before = cuda_runtime.reserved_bytes(self.device)
-        with cuda_runtime.frozen_gc():
-            graph, output = cuda_runtime.capture(lambda: forward(values), self._pool)
+        before = cuda_runtime.reserved_bytes(self.device)   # the pool's new segments: captures keep the cache
+        graph, output = cuda_runtime.capture(lambda: forward(values), self._pool)
         graph.replay()   # capture only records: a graph that cannot run fails here, at start-up, not on a request
         cuda_runtime.synchronize(self.device)
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"encoder_cudagraph_forward(path={path!r}) must return one tensor, got "
                             f"{type(output).__name__}")
-        grown = cuda_runtime.reserved_bytes(self.device) - before   # < 0 when the allocator freed memory elsewhere
+        grown = cuda_runtime.reserved_bytes(self.device) - before
         self.graphs[path][budget] = BudgetGraphMetadata(path, budget, max_items, max_frames, graph, values, output,
                                                         memory_bytes=max(0, grown))
         self.counters.add(cudagraph_captures=1)
+
+    def _calibrate(self, path: str) -> None:
+        """Time each budget's graph against the compiled forward at the same size, smallest budget first, and
+        keep the fraction of time the graph saves. A sub-batch replays its budget only while its padding (a
+        fraction of the budget) costs less than that; otherwise the compiled forward runs at its own size.
+
+        The saving shrinks as budgets grow (launch overhead is fixed, work is not); once a budget saves less
+        than `_MIN_GRAPH_SAVING`, the larger ones are not timed and run without their graphs.
+        """
+        savings = self.graph_savings[path]
+        for budget in sorted(self.graphs[path]):
+            meta = self.graphs[path][budget]
+            forward = self._forward(path, meta.input_buffers)
+            replay = _median_seconds(meta.graph.replay, self.device)
+            plain = _median_seconds(lambda: forward(meta.input_buffers), self.device)
+            savings[budget] = max(0.0, 1.0 - replay / plain) if plain > 0 else 0.0
+            if savings[budget] < _MIN_GRAPH_SAVING:
+                savings.update({b: 0.0 for b in self.graphs[path] if b > budget})
+                break
+        logger.info("encoder %s path: graphs save %s of the compiled forward's time per budget", path,
+                    {b: f"{s:.0%}" for b, s in sorted(savings.items())})
+
+    def _replays_pay(self, path: str, budget: int, tokens: int) -> bool:
+        if not self.calibrate:
+            return True
+        return (budget - tokens) / budget <= self.graph_savings[path].get(budget, 0.0)
 
     def _plain_forward(self, path: str) -> Callable:
         model = self.model
@@ -267,8 +305,7 @@ class EncoderCudaGraphManager:
                 self._path_items[path]["eager"] += len(batch.indices)
                 hit = False
                 continue
-            by_path[path] = self._run_budget(path, budget, tokens, items)
-            self._path_items[path]["replayed"] += len(batch.indices)
+            by_path[path] = self._run_budget(path, budget, tokens, items, len(batch.indices))
         self._items["hit" if hit else "missed"] += len(batch.indices)
         main = by_path.get(DEFAULT_PATH, by_path.get(GLOBAL_PATH))
         results = self.model.postprocess_encoder_output(main, items, [specs[i] for i in batch.indices],
@@ -278,14 +315,17 @@ class EncoderCudaGraphManager:
                              f"{len(batch.indices)} items")
         return results
 
-    def _run_budget(self, path: str, budget: int, tokens: int, items: dict) -> torch.Tensor:
+    def _run_budget(self, path: str, budget: int, tokens: int, items: dict, count: int) -> torch.Tensor:
         max_items, max_frames = self.paths[path].capacity(budget)
         values = self.model.prepare_encoder_cudagraph_replay_buffers(items, max_items, max_frames, path=path).values
         self._tokens["real"] += tokens
-        if not self.use_graphs:   # the compiled forward at the sub-batch's own size: no padding to pay for
+        if not self.use_graphs or not self._replays_pay(path, budget, tokens):
+            # the compiled forward at the sub-batch's own size: no padding to pay for
             values = {k: v for k, v in values.items() if v is not None}
+            self._path_items[path]["exact"] += count
             return self._forward(path, values)(values)[:tokens]
         self._tokens["padded"] += budget - tokens
+        self._tokens["replayed"] += budget
         meta = self.graphs[path][budget]
         for key, buffer in meta.input_buffers.items():
             value = values.get(key)
@@ -293,6 +333,7 @@ class EncoderCudaGraphManager:
                 self._fill(key, buffer, value)
         meta.graph.replay()
         counters.encoder_replays += 1
+        self._path_items[path]["replayed"] += count
         self._replays[path][budget] += 1
         return meta.output_buffer[:tokens].clone()   # the next replay of this graph overwrites the buffer
 
@@ -318,7 +359,7 @@ class EncoderCudaGraphManager:
     # ---- reporting ----
     def stats(self) -> dict[str, Any]:
         items = self._items["hit"] + self._items["missed"]
-        seen = self._tokens["real"] + self._tokens["padded"]
+        replayed, real = self._tokens["replayed"], self._tokens["real"]
         return {
             "graphs": self.use_graphs,
             "budgets": {p: list(b.budgets) for p, b in self.paths.items()},
@@ -331,7 +372,8 @@ class EncoderCudaGraphManager:
             "hit_rate": self._items["hit"] / items if items else None,
             "path_items": {p: dict(v) for p, v in self._path_items.items()},
             "replays": {p: dict(sorted(r.items())) for p, r in self._replays.items()},
-            "padding_waste": self._tokens["padded"] / seen if seen else None,
+            "graph_savings": {p: dict(sorted(s.items())) for p, s in self.graph_savings.items()},
+            "padding_waste": self._tokens["padded"] / replayed if replayed else (0.0 if real else None),
             "tokens": dict(self._tokens),
             "seconds": dict(self._seconds),
             "compile_errors": dict(self.compile_errors),
@@ -346,6 +388,19 @@ class EncoderCudaGraphManager:
         stats = self.stats()
         logger.info("encoder graphs: %d items, hit rate %.1f%%, padding %.1f%% of replayed tokens", items,
                     100 * stats["hit_rate"], 100 * (stats["padding_waste"] or 0))
+
+
+def _median_seconds(fn: Callable[[], Any], device) -> float:
+    """Median wall time of `fn` over `_TIMED_RUNS` runs after one untimed run, synchronizing around each."""
+    fn()
+    times = []
+    for _ in range(_TIMED_RUNS):
+        cuda_runtime.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        cuda_runtime.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def _next_prime(n: int) -> int:
