@@ -165,6 +165,24 @@ def inductor_config_portable() -> dict[str, Any]:
     return inductor_config.save_config_portable()
 
 
+_CUSTOM_PASS_OPTIONS = ("pre_grad_custom_pass", "joint_custom_pre_pass", "joint_custom_post_pass",
+                        "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "_pre_fusion_custom_pass",
+                        "_post_fusion_custom_pass")
+
+
+def inductor_custom_passes() -> dict[str, Any]:
+    """The user passes set in Inductor's global config (left out of `save_config_portable`, but they change the
+    generated code): option name -> the pass object, for those set (private config module)."""
+    import torch._inductor.config as inductor_config
+
+    found = {}
+    for name in _CUSTOM_PASS_OPTIONS:
+        value = getattr(inductor_config, name, None)
+        if value is not None and value != []:
+            found[name] = value
+    return found
+
+
 def functorch_config_portable() -> dict[str, Any]:
     """AOTAutograd's current config, without process-specific entries, for cache keys (private config module)."""
     import torch._functorch.config as functorch_config

@@ -29,11 +29,11 @@ logger = logging.getLogger("vgc")
 class CompiledModel:
     """What `vgc.compile` returns: call it like the model; `warmup()` first to compile everything up front."""
 
-    def __init__(self, model: Callable, config: CompilationConfig | None = None,
+    def __init__(self, model: Callable, config: CompilationConfig | dict | None = None,
                  dynamic_arg_dims: dict[str, DimSpec] | None = None, pad_values: dict[str, Any] | None = None,
                  uniform_decode: Callable[[dict], bool] | None = None):
         self.model = model
-        self.config = config if config is not None else CompilationConfig()
+        self.config = _as_config(config)
         forward = model.forward if isinstance(model, torch.nn.Module) else model
         self._signature = inspect.signature(forward)
         check_dynamic_arg_dims(self._signature, dynamic_arg_dims)
@@ -153,10 +153,23 @@ class CompiledModel:
         return report
 
 
-def compile(model: Callable, config: CompilationConfig | None = None,
+def _as_config(config: CompilationConfig | dict | None) -> CompilationConfig:
+    """A CompilationConfig from what `vgc.compile` was given: a config, a dict of its fields (the same
+    keys `torch.compile(..., options=...)` takes) or None."""
+    if config is None:
+        return CompilationConfig()
+    if isinstance(config, CompilationConfig):
+        return config
+    if isinstance(config, dict):
+        return CompilationConfig.from_options(config)
+    raise TypeError(f"config must be a vgc.CompilationConfig or a dict of its fields, got {type(config).__name__}")
+
+
+def compile(model: Callable, config: CompilationConfig | dict | None = None,
             dynamic_arg_dims: dict[str, DimSpec] | None = None, pad_values: dict[str, Any] | None = None,
             uniform_decode: Callable[[dict], bool] | None = None) -> CompiledModel:
-    """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks.
+    """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks. `config` is a
+    `CompilationConfig` or a dict of its fields (`{"compile_sizes": [1, 8]}`).
 
     `dynamic_arg_dims` maps argument names to their dynamic dims (default: dim 0 of every top-level tensor
     argument): `{"x": 0}`, `{"x": [0, 1]}`, `{"x": {0: "tokens"}}` (a shape id); for a list, tuple, dict or

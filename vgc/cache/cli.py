@@ -1,8 +1,9 @@
 """`vgc cache ls | show | verify | prune | why-miss`: the cache seen from the shell.
 
-Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad artifact; `why-miss`: the
+Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad path; `why-miss`: the
 compile would miss), 2 for a usage error (argparse's, bad `--options` JSON, a hash prefix that names no single
-entry). Errors are one line, never a traceback.
+entry) or when `verify` cannot check the root (missing, not a directory, or its own failure). Errors are one line,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
                    help="list entries: hash, size, age, torch, config digest, sources, what tells them apart")
     show = sub.add_parser("show", parents=parents, help="an entry's key factors, pieces and sizes")
     show.add_argument("hash", help="the entry's hash or a unique prefix of it")
-    sub.add_parser("verify", parents=parents, help="check every artifact against its recorded content hash")
+    sub.add_parser("verify", parents=parents,
+                   help="check everything a start reads (index, artifacts, locks, Inductor's kernels, trust); "
+                        "exit 1 if anything is bad, 2 if the root cannot be checked")
     prune = sub.add_parser("prune", parents=parents,
                            help="remove old entries, then least recently used ones above a size")
     prune.add_argument("--older-than", help="e.g. 12h, 7d, 2w")
@@ -148,21 +151,27 @@ def _show(root: Path, prefix: str) -> int:
     for store in entry.stores():
         index = store.read_index()
         print(f"\n{store.directory.name}: {len(index)} artifacts")
-        for name, record in sorted(index.items(), key=lambda kv: (kv[1].get("piece", ""), str(kv[1].get("size")))):
+        for name, record in sorted(index.items(), key=lambda kv: (str(kv[1].get("piece", "")), str(kv[1].get("size")))):
             size = record.get("size")
-            print(f"  {record.get('piece', '?'):10s} size={'dynamic' if size is None else size:8}  {record['format']:8s} "
-                  f"{name}")
+            print(f"  {str(record.get('piece', '?')):10s} size={'dynamic' if size is None else size:8}  "
+                  f"{record['format']:8s} {name}")
     return 0
 
 
 def _verify(root: Path) -> int:
-    found = inventory.entries(root)
-    problems = [p for entry in found for p in inventory.verify_entry(entry)]
-    count = sum(len(store.read_index()) for entry in found for store in entry.stores())
-    for problem in problems:
-        print(f"BAD  {problem}")
-    print(f"{count} artifacts in {len(found)} entries checked, {len(problems)} bad")
-    return 1 if problems else 0
+    try:
+        report = inventory.check_root(root)
+    except inventory.CannotVerify:
+        raise   # a one-line error with status 2, from run()
+    except Exception as e:  # verify's own failure must read "cannot check" (2), never "bad" (1)
+        print(f"vgc cache verify: cannot check {root}: {type(e).__name__}: {e}")
+        return 2
+    for path, problem in report.bad:
+        print(f"BAD  {path}: {problem}")
+    for path in report.unindexed:
+        print(f"info {path}: unindexed (no index record names it; a start ignores it)")
+    print(f"{report.artifacts} artifacts in {report.entries} entries checked, {len(report.bad)} bad")
+    return 1 if report.bad else 0
 
 
 def _prune(root: Path, older_than: str | None, max_size: str | None, dry_run: bool) -> int:

@@ -29,7 +29,11 @@ def write_computation_graph(store, split_gm: fx.GraphModule, pieces) -> str | No
         lines.append(f"#   {piece.name}: {'[eager]' if piece.is_splitting else '[compiled]'}")
     body = split_gm.print_readable(print_output=False)
     name = "computation_graph.py" if graph_index == 0 else f"computation_graph_{graph_index}.py"
-    return str(store.write_text(name, "\n".join(lines) + "\n\n" + body))
+    try:
+        return str(store.write_text(name, "\n".join(lines) + "\n\n" + body))
+    except Exception as e:  # a debug file must never break compilation (a full disk, a read-only entry)
+        logger.warning("could not write %s under %s (%s); compiling goes on", name, store.directory, e)
+        return None
 
 
 # Dynamo hands the transformed bytecode to hooks only after the backend returns; remember where it goes.

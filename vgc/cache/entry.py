@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 
 from vgc import envs
 from vgc.cache.inventory import CACHE_SUBDIR, closest_entry
 from vgc.cache.keys import cache_key, environment_factors, source_factors, traced_source_files
-from vgc.cache.store import ArtifactStore, NoStore, make_private_dirs
+from vgc.cache import recovery
+from vgc.cache.recovery import INDUCTOR_SUBDIR
+from vgc.cache.store import ArtifactStore, NoStore, make_private_dirs, warn_once
 from vgc.config import CompilationConfig
 
 logger = logging.getLogger("vgc")
@@ -44,11 +47,52 @@ def rank_dir_name() -> str:
     return f"rank_{rank}_{dp}"
 
 
-def _use_inductor_cache_under(root: Path) -> None:
-    """Keep Inductor's kernel cache beside vgc's artifacts so that copying the root copies built kernels too."""
-    if _USER_INDUCTOR_CACHE_DIR is None:
-        make_private_dirs(root / "inductor_cache")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor_cache")
+def _root_source(config: CompilationConfig) -> str:
+    """Where the cache root came from, as the user would set it: named in every error about the root."""
+    if config.cache_dir:
+        return f"CompilationConfig.cache_dir={config.cache_dir!r}"
+    if os.environ.get("VGC_CACHE_ROOT"):
+        return f"VGC_CACHE_ROOT={os.environ['VGC_CACHE_ROOT']!r}"
+    return f"the default cache root {str(envs.cache_root())!r} (set VGC_CACHE_ROOT to choose another)"
+
+
+def untrusted_reason(path: Path) -> str | None:
+    """Why a cache directory must not be loaded from: another user's, or writable by others (anyone who can
+    write there can plant code that a start runs). None when it is the caller's own, private directory."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return f"is owned by uid {info.st_uid}, not by this user (uid {os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by {'others' if info.st_mode & stat.S_IWOTH else 'its group'} " \
+               f"(mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _trust_problem(paths: list[Path]) -> tuple[Path, str] | None:
+    if os.environ.get("VGC_CACHE_TRUST", "").strip().lower() == "any":
+        return None
+    for path in paths:
+        reason = untrusted_reason(path)
+        if reason:
+            return path, reason
+    return None
+
+
+def _use_inductor_cache_under(root: Path) -> Path | None:
+    """Keep Inductor's kernel cache beside vgc's artifacts so that copying the root copies built kernels too.
+    Returns the root when Inductor's cache is there (vgc then repairs damage in it), else None."""
+    if _USER_INDUCTOR_CACHE_DIR is not None:
+        return None
+    make_private_dirs(root / INDUCTOR_SUBDIR)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / INDUCTOR_SUBDIR)
+    return root
 
 
 def explain_new_entry(root: Path, key: str, factors: dict) -> None:
@@ -62,18 +106,50 @@ def explain_new_entry(root: Path, key: str, factors: dict) -> None:
 
 
 def open_store(config: CompilationConfig, device_type: str, code_objects) -> ArtifactStore | NoStore:
+    """The cache entry for this graph; `NoStore` (compile, save nothing) when the cache is off, or when the root
+    is unusable or untrusted, with one warning that names the root's setting and the fix."""
     if not cache_enabled():
         return NoStore()
     fmt = save_format(config)
     root = cache_root(config)
-    _use_inductor_cache_under(root)   # first: computing the key already probes the CPU ISA into Inductor's cache
+    untrusted = _trust_problem([root, root / CACHE_SUBDIR, root / INDUCTOR_SUBDIR])
+    if untrusted:
+        return _without_cache(config, f"{untrusted[0]} {untrusted[1]}", "use a directory only you can write, or set "
+                              "VGC_CACHE_TRUST=any to load from it anyway")
+    try:
+        # first: computing the key already probes the CPU ISA into Inductor's cache
+        kernel_root = _use_inductor_cache_under(root)
+        if kernel_root is not None:   # a kernel half-written by a killed compile fails every later start
+            recovery.remove_damaged_kernels(kernel_root)
+    except OSError as e:
+        return _without_cache(config, f"{root} cannot hold the cache ({e.strerror or e})",
+                              "point it at a writable directory")
     paths = traced_source_files(code_objects)
     key, factors = cache_key(config.hash_factors(), environment_factors(device_type), source_factors(paths))
     directory = root / CACHE_SUBDIR / key / rank_dir_name()
+    untrusted = _trust_problem([root / CACHE_SUBDIR / key, directory])
+    if untrusted:
+        return _without_cache(config, f"{untrusted[0]} {untrusted[1]}", "remove that entry, or set "
+                              "VGC_CACHE_TRUST=any to load from it anyway")
     if not directory.exists():
         explain_new_entry(root, key, factors)
-    store = ArtifactStore(directory, fmt)
-    # Paths are kept beside the key (never in it) so that `vgc cache why-miss` can re-hash the sources.
-    store.write_factors({"hash": key, "factors": factors, "source_paths": paths})
+    try:
+        store = ArtifactStore(directory, fmt, kernel_root=kernel_root)
+    except OSError as e:
+        return _without_cache(config, f"{directory} cannot be created ({e.strerror or e})",
+                              "point it at a writable directory with free space")
+    try:
+        # Paths are kept beside the key (never in it) so that `vgc cache why-miss` can re-hash the sources.
+        store.write_factors({"hash": key, "factors": factors, "source_paths": paths})
+    except OSError as e:
+        store.saving = False
+        warn_once(f"factors:{directory}", "cache: cannot write under %s (%s); loading what is there, saving nothing",
+                  directory, e.strerror or e)
     logger.info("using cache directory %s", directory)
     return store
+
+
+def _without_cache(config: CompilationConfig, problem: str, fix: str) -> NoStore:
+    warn_once(f"root:{problem}", "compile cache off for this process: %s (cache root from %s); %s", problem,
+              _root_source(config), fix)
+    return NoStore()

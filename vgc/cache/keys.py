@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -69,7 +70,28 @@ def environment_factors(device_type: str) -> dict[str, Any]:
         **_device_factors(device_type),
         "inductor_config": _digest(inductor),
         "functorch_config": _digest(functorch),
+        "inductor_custom_passes": {name: pass_identity(value)
+                                   for name, value in _compat.inductor_custom_passes().items()},
     }
+
+
+def pass_identity(graph_pass: Any) -> str:
+    """A pass's identity for the key: its `uuid()` (torch's CustomGraphPass contract) when it has one, else its
+    qualified name and a digest of its source, so that editing the pass changes the key."""
+    if isinstance(graph_pass, (list, tuple)):
+        return "[" + ", ".join(pass_identity(p) for p in graph_pass) + "]"
+    uuid = getattr(graph_pass, "uuid", None)
+    if callable(uuid):
+        value = uuid()
+        if value is not None:
+            return str(value)
+    target = graph_pass if inspect.isfunction(graph_pass) or inspect.isclass(graph_pass) else type(graph_pass)
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError):
+        return name   # no source to read (a builtin, a lambda in a REPL): its name is all the key can hold
+    return f"{name}:{hashlib.sha256(source.encode()).hexdigest()[:16]}"
 
 
 def _file_digest(path: str) -> str:

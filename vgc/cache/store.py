@@ -5,6 +5,8 @@ Artifacts are executable code (Inductor output is imported and run): only use a 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -19,6 +21,7 @@ from typing import Any, Callable
 from filelock import FileLock
 
 from vgc import _compat
+from vgc.cache import recovery
 
 logger = logging.getLogger("vgc")
 
@@ -53,6 +56,44 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+# Errors that say the disk or the directory cannot take a write: the process goes on without saving.
+_UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, *args) -> None:
+    """One warning per problem per process: a damaged file is reported once, not at every piece."""
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}" + (f": {error.filename}" if error.filename else "")
+    return f"{type(error).__name__}: {error}"
+
+
+def record_problem(record: Any) -> str | None:
+    """What is wrong with an index record's form (not its file), or None."""
+    if not isinstance(record, dict):
+        return f"a record must be an object, got {type(record).__name__}"
+    name = record.get("file")
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        return f"bad 'file' {name!r}"
+    fmt = record.get("format")
+    if fmt == "binary":
+        if not isinstance(record.get("bytes"), int) or not isinstance(record.get("sha256"), str):
+            return "a binary record needs 'bytes' (int) and 'sha256' (str)"
+    elif fmt == "unpacked":
+        files = record.get("files")
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            return "an unpacked record needs 'files' (name -> sha256)"
+    else:
+        return f"unknown format {fmt!r}"
+    return None
+
+
 def content_hash(path: Path) -> str:
     """sha256 of a file, or of a directory's files (relative names and contents)."""
     h = hashlib.sha256()
@@ -81,11 +122,32 @@ def _unpacked_manifest(path: Path) -> dict[str, str]:
 class ArtifactStore:
     """Artifacts of one cache entry (`.../torch_compile_cache/<hash>/rank_<r>_<dp>/`)."""
 
-    def __init__(self, directory: Path, fmt: str):
+    def __init__(self, directory: Path, fmt: str, kernel_root: Path | None = None, *, create: bool = True):
+        """`create=False`: a view for reading (the `vgc cache` commands), which creates and repairs nothing."""
         self.directory = Path(directory)
         self.format = fmt
-        make_private_dirs(self.directory / ARTIFACT_DIR)
-        make_private_dirs(self.directory / "locks")
+        self.kernel_root = kernel_root   # the root whose inductor_cache/ holds this entry's kernels, if vgc put it there
+        self.saving = create
+        if create:
+            self._repair_layout()
+            make_private_dirs(self.directory / ARTIFACT_DIR)
+            make_private_dirs(self.directory / "locks")
+
+    def _repair_layout(self) -> None:
+        """Remove what stands where vgc's own directories and lock files go (a file where `locks/` goes, a looping
+        symlink, a directory where a lock file goes): left there, they would fail every later start the same way."""
+        suspects = [self.directory / ARTIFACT_DIR, self.directory / "locks"]
+        locks = self.directory / "locks"
+        if locks.is_dir() and not locks.is_symlink():
+            suspects += [p for p in locks.iterdir() if p.is_symlink() or not p.is_file()]
+        for path in suspects:
+            is_lock = path.parent == locks
+            if not (path.is_symlink() or (path.exists() and path.is_dir() == is_lock)):
+                continue
+            self._remove(path)
+            warn_once(f"layout:{path}", "cache: removed %s (a %s where vgc keeps its %s)", path,
+                      "symlink" if path.is_symlink() else ("directory" if is_lock else "file"),
+                      "lock file" if is_lock else "directory")
 
     # ---- small files ----
     def write_text(self, name: str, text: str) -> Path:
@@ -94,32 +156,59 @@ class ArtifactStore:
         return path
 
     def write_factors(self, factors: dict[str, Any]) -> None:
+        """Written once per entry, and again when the stored copy is damaged (`vgc cache why-miss` and `ls` read
+        it; the start itself never needs it)."""
         path = self.directory / FACTORS_FILE
-        if not path.exists():
-            self.write_text(FACTORS_FILE, json.dumps(factors, indent=2, sort_keys=True) + "\n")
+        if path.exists() or path.is_symlink():
+            try:
+                stored = json.loads(path.read_text())
+                if isinstance(stored, dict) and stored.get("hash") == factors["hash"]:
+                    return
+            except (OSError, ValueError):
+                pass
+            warn_once(f"factors:{path}", "cache: %s is damaged; writing it again", path)
+            self._remove(path)
+        self.write_text(FACTORS_FILE, json.dumps(factors, indent=2, sort_keys=True) + "\n")
 
     # ---- index ----
     def _index_lock(self) -> FileLock:
         return FileLock(str(self.directory / "locks" / "index.lock"))
 
     def read_index(self) -> dict[str, Any]:
+        """The index's well-formed records; anything unreadable or malformed is left out, with one warning."""
         path = self.directory / INDEX_FILE
-        if not path.exists():
-            return {}
         try:
-            return json.loads(path.read_text())
+            if not path.exists():
+                return {}
+            index = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            logger.warning("cache index %s is unreadable (%s); treating the entry as empty", path, e)
+            warn_once(f"index:{path}", "cache index %s is unreadable (%s); its artifacts count as misses", path,
+                      _describe(e))
             return {}
+        if not isinstance(index, dict):
+            warn_once(f"index:{path}", "cache index %s is not a JSON object; its artifacts count as misses", path)
+            return {}
+        good = {}
+        for name, record in index.items():
+            problem = record_problem(record)
+            if problem is None:
+                good[name] = record
+            else:
+                warn_once(f"record:{path}:{name}", "cache index %s: record %r is malformed (%s); a miss", path, name,
+                          problem)
+        return good
 
     def _update_index(self, name: str, record: dict[str, Any] | None) -> None:
-        with self._index_lock():
+        with self._locked(self._index_lock()):
             index = self.read_index()
             if record is None:
                 index.pop(name, None)
             else:
                 index[name] = record
-            atomic_write(self.directory / INDEX_FILE, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
+            path = self.directory / INDEX_FILE
+            if path.is_dir() and not path.is_symlink():   # a directory where the index goes: replaced, not kept
+                shutil.rmtree(path)
+            atomic_write(path, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
 
     # ---- artifacts ----
     def artifact_lock(self, name: str) -> FileLock:
@@ -131,8 +220,17 @@ class ArtifactStore:
         return self.directory / ARTIFACT_DIR / f"{name}{suffix}"
 
     def verify(self, name: str, record: dict[str, Any]) -> str | None:
-        """None if the artifact matches its recorded content hash, else what is wrong."""
-        path = self.directory / ARTIFACT_DIR / record["file"]
+        """None if the artifact matches its recorded content hash, else what is wrong (never raises)."""
+        problem = record_problem(record)
+        if problem is not None:
+            return f"malformed index record: {problem}"
+        try:
+            return self._verify(self.directory / ARTIFACT_DIR / record["file"], record)
+        except OSError as e:
+            return f"unreadable ({_describe(e)})"
+
+    @staticmethod
+    def _verify(path: Path, record: dict[str, Any]) -> str | None:
         if not path.exists():
             return "missing"
         if record["format"] == "binary":
@@ -149,7 +247,8 @@ class ArtifactStore:
 
     def load(self, name: str) -> Fetched | None:
         """The loaded artifact; None when there is none (a miss); an empty `Fetched` counting `cache_corrupt` when
-        the stored copy was unusable, which is logged and removed."""
+        the stored copy was unusable. An unusable copy stays until a good one replaces it (`save`): a load can fail
+        for reasons outside the file (a damaged kernel in Inductor's cache), and a good artifact is never lost."""
         record = self.read_index().get(name)
         if record is None or record.get("format") != self.format:
             return None
@@ -158,16 +257,24 @@ class ArtifactStore:
         if problem is None:
             start = time.perf_counter()
             try:
-                artifact = _compat.load_artifact(str(path), self.format)
+                artifact = self._load_artifact(path)
             except Exception as e:  # e.g. a different torch build: the file asserts its build key
                 problem = f"load failed: {type(e).__name__}: {e}"
             else:
                 logger.debug("loaded %s in %.3f s", path, time.perf_counter() - start)
                 return Fetched(artifact, {"artifacts_loaded": 1})
-        logger.warning("cache artifact %s is unusable (%s); recompiling it", path, problem)
-        self._remove(path)
-        self._update_index(name, None)
+        warn_once(f"artifact:{path}", "cache artifact %s is unusable (%s); compiling it again", path, problem)
         return Fetched(None, {"cache_corrupt": 1})
+
+    def _load_artifact(self, path: Path) -> Any:
+        """Load a checked artifact; once more after removing the kernel files a failed load named (a 0-byte `.so`
+        left by a killed compile), so that a damaged kernel costs a rebuild of that kernel, not a recompile."""
+        try:
+            return _compat.load_artifact(str(path), self.format)
+        except Exception as error:
+            if self.kernel_root is None or not recovery.remove_suspects(error, self.kernel_root):
+                raise
+        return _compat.load_artifact(str(path), self.format)
 
     def save(self, name: str, artifact: Any, meta: dict[str, Any]) -> None:
         path = self.artifact_path(name)
@@ -178,32 +285,94 @@ class ArtifactStore:
             record = {"bytes": tmp.stat().st_size, "sha256": content_hash(tmp)}
         else:
             record = {"files": _unpacked_manifest(tmp)}
-        self._remove(path)
-        os.replace(tmp, path)  # a directory rename is atomic too: readers never see half an unpacked dir
+        if path.is_dir() and not path.is_symlink():   # os.replace cannot replace a non-empty directory
+            old = path.with_name(f".{path.name}.{os.getpid()}.old")
+            self._remove(old)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            self._remove(old)
+        else:
+            os.replace(tmp, path)  # a directory rename is atomic too: readers never see half an unpacked dir
         record.update(meta, file=path.name, format=self.format, created=time.time())
         self._update_index(name, record)
 
     @staticmethod
     def _remove(path: Path) -> None:
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
-        elif path.exists():
+        elif path.is_symlink() or path.exists():
             path.unlink()
 
+    @contextlib.contextmanager
+    def _locked(self, lock: FileLock):
+        """`lock` held, or none when it cannot be taken (an unwritable `locks/`): two processes may then both
+        compile an artifact or write the index, which costs time, never correctness (writes are atomic)."""
+        try:
+            lock.acquire()
+        except OSError as e:
+            warn_once(f"lock:{self.directory}", "cache lock %s cannot be taken (%s); compiling without it",
+                      lock.lock_file, _describe(e))
+            yield
+            return
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                lock.release()
+
     def load_or_compile(self, name: str, compile_fn: Callable[[], Any], meta: dict[str, Any]) -> Fetched:
-        with self.artifact_lock(name):
+        with self._locked(self.artifact_lock(name)):
             loaded = self.load(name)
             if loaded is not None and loaded.artifact is not None:
                 return Fetched(loaded.artifact, {**loaded.counts, "cache_hits": 1})
             counts = {**(loaded.counts if loaded is not None else {}), "cache_misses": 1, "inductor_compiles": 1}
-            artifact = compile_fn()
-            try:
-                self.save(name, artifact, meta)
-            except Exception as e:  # an unsaveable graph still runs; it is compiled again next time
-                logger.warning("could not save artifact %s (%s: %s)", name, type(e).__name__, e)
-            else:
-                counts["artifacts_saved"] = 1
+            artifact = self._compile(compile_fn)
+            if self.saving:
+                self._save_or_warn(name, artifact, meta, counts)
             return Fetched(artifact, counts)
+
+    def _compile(self, compile_fn: Callable[[], Any]) -> Any:
+        """`compile_fn()`; when it fails and Inductor's cache is under vgc's root, the cache is repaired (damaged
+        or named files removed; emptied when nothing explains the failure; moved off a full or read-only disk)
+        and the compile runs once more. A model that cannot compile still fails, with its own error."""
+        try:
+            return compile_fn()
+        except Exception as error:
+            if self.kernel_root is None:
+                raise
+            cause = _os_error_in(error)
+            if isinstance(cause, OSError) and cause.errno in _UNWRITABLE:
+                recovery.move_kernel_cache_off(self.kernel_root, _describe(cause))
+                self.saving = False
+            elif not recovery.remove_suspects(error, self.kernel_root):
+                if not recovery.raised_reading_a_cache(error):
+                    raise
+                recovery.reset_kernel_cache(self.kernel_root, error)
+            return compile_fn()
+
+    def _save_or_warn(self, name: str, artifact: Any, meta: dict[str, Any], counts: dict[str, int]) -> None:
+        try:
+            self.save(name, artifact, meta)
+        except Exception as e:  # an unsaveable graph still runs; it is compiled again next time
+            if isinstance(e, OSError) and e.errno in _UNWRITABLE:
+                self.saving = False   # a full or read-only disk stays so: stop trying for this entry
+                warn_once(f"save:{self.directory}", "cache: cannot write under %s (%s); running without saving",
+                          self.directory, _describe(e))
+            else:
+                warn_once(f"save:{self.directory}:{name}", "could not save artifact %s (%s)", name, _describe(e))
+        else:
+            counts["artifacts_saved"] = 1
+
+
+def _os_error_in(error: BaseException) -> OSError | ImportError | None:
+    """The OSError or ImportError behind `error` (Inductor and Dynamo wrap what they raise), or None."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, (OSError, ImportError)):
+            return error
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return None
 
 
 class NoStore:

@@ -1,0 +1,199 @@
+"""`vgc cache verify` on a real warm root with one fault applied at a time: each fault that changes what a start
+does is named with exit status 1, harmless ones give 0, and a root that cannot be checked gives 2."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vgc.cache import inventory, recovery
+from vgc.cache.store import ARTIFACT_DIR, INDEX_FILE
+from vgc.cli import main as vgc_main
+
+WORKER = str(Path(__file__).with_name("cache_worker.py"))
+
+
+@pytest.fixture(scope="module")
+def warm_root(tmp_path_factory):
+    """A root written by one real compile of the tiny decoder, with Inductor's kernels in `<root>/inductor_cache`
+    (the session's TORCHINDUCTOR_CACHE_DIR is dropped so that vgc puts them there, as in production)."""
+    root = tmp_path_factory.mktemp("verify") / "root"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["VGC_CACHE_ROOT"] = str(root)
+    proc = subprocess.run([sys.executable, WORKER], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert list(root.glob(f"{recovery.INDUCTOR_SUBDIR}/**/*.so")), "the fixture needs compiled C++ kernels"
+    return root
+
+
+@pytest.fixture
+def copy(warm_root, tmp_path):
+    dst = tmp_path / "root"
+    shutil.copytree(warm_root, dst, symlinks=True)
+    return dst
+
+
+def rank_dir(root: Path) -> Path:
+    (path,) = root.glob(f"{inventory.CACHE_SUBDIR}/*/rank_0_0")
+    return path
+
+
+def an_artifact(root: Path) -> Path:
+    return sorted((rank_dir(root) / ARTIFACT_DIR).iterdir())[0]
+
+
+def a_kernel(root: Path) -> Path:
+    return sorted((root / recovery.INDUCTOR_SUBDIR).rglob("*.so"))[0]
+
+
+def verify(capsys, root) -> tuple[int, str]:
+    code = vgc_main(["cache", "verify", "--root", str(root)])
+    out = capsys.readouterr().out
+    assert "Traceback" not in out
+    return code, out
+
+
+def _replace_with_dir(path: Path) -> Path:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    path.mkdir()
+    return path
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _truncate(path: Path) -> Path:
+    return _write(path, path.read_bytes()[:100])
+
+
+def _delete(path: Path) -> Path:
+    path.unlink()
+    return path
+
+
+def _delete_tree(path: Path) -> Path:
+    shutil.rmtree(path)
+    return path
+
+
+def _loop(path: Path) -> Path:
+    os.symlink(path.name, path)
+    return path
+
+
+def _chmod(path: Path, mode: int) -> Path:
+    path.chmod(mode)
+    return path
+
+
+# Each fault damages a copy of the warm root and returns the path that verify must name.
+BAD_FAULTS = {
+    "index-is-a-list": lambda r: _write(rank_dir(r) / INDEX_FILE, b"[]"),
+    "index-wrong-schema": lambda r: _write(rank_dir(r) / INDEX_FILE, json.dumps({"x": {"format": "binary"}}).encode()),
+    "index-garbage-bytes": lambda r: _write(rank_dir(r) / INDEX_FILE, b"\xff\xfe\x00garbage{"),
+    "index-is-a-directory": lambda r: _replace_with_dir(rank_dir(r) / INDEX_FILE),
+    "artifact-truncated": lambda r: _truncate(an_artifact(r)),
+    "artifact-is-a-directory": lambda r: _replace_with_dir(an_artifact(r)),
+    "artifact-deleted": lambda r: _delete(an_artifact(r)),
+    "artifact-looping-symlink": lambda r: _loop(_delete(an_artifact(r))),
+    "kernel-so-empty": lambda r: _write(a_kernel(r), b""),
+    "kernel-so-garbage": lambda r: _write(a_kernel(r), b"not an ELF file"),
+    "kernel-looping-symlink": lambda r: _loop(r / recovery.INDUCTOR_SUBDIR / "loop"),
+    "lock-is-a-directory": lambda r: _replace_with_dir(rank_dir(r) / "locks" / "index.lock"),
+    "lock-looping-symlink": lambda r: _loop(rank_dir(r) / "locks" / "piece-x.lock"),
+    "locks-is-a-file": lambda r: _write(_delete_tree(rank_dir(r) / "locks"), b""),
+    "factors-garbage": lambda r: _write(rank_dir(r) / "cache_key_factors.json", b"{not json"),
+    "factors-without-hash": lambda r: _write(rank_dir(r) / "cache_key_factors.json", b"{}"),
+    "root-writable-by-others": lambda r: _chmod(r, 0o777),
+    "entry-writable-by-group": lambda r: _chmod(rank_dir(r).parent, 0o770),
+    "inductor-cache-is-a-file": lambda r: _write(_delete_tree(r / recovery.INDUCTOR_SUBDIR), b""),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(BAD_FAULTS))
+def test_a_harmful_fault_is_named(copy, capsys, fault):
+    bad_path = BAD_FAULTS[fault](copy)
+    code, out = verify(capsys, copy)
+    assert code == 1, out
+    bad_lines = [line for line in out.splitlines() if line.startswith("BAD  ")]
+    assert any(line.startswith(f"BAD  {bad_path}: ") for line in bad_lines), out
+    assert out.splitlines()[-1].endswith(f", {len(bad_lines)} bad")
+    assert bad_path in [path for path, _ in inventory.verify_root(copy)]
+
+
+def test_malformed_record_is_named(copy, capsys):
+    (rank_dir(copy) / INDEX_FILE).write_text(json.dumps({"x": {"format": "binary"}}))
+    code, out = verify(capsys, copy)
+    assert code == 1 and "record 'x' is malformed" in out, out
+
+
+def test_an_unusable_index_is_one_line(copy, capsys):
+    (rank_dir(copy) / INDEX_FILE).write_text("[]")
+    code, out = verify(capsys, copy)
+    # the artifacts it no longer names are not listed as unindexed: the one BAD line says why
+    assert code == 1 and "unindexed" not in out and out.splitlines()[-1].endswith(", 1 bad"), out
+
+
+HARMLESS_FAULTS = {
+    "computation-graph-deleted": lambda r: _delete(rank_dir(r) / "computation_graph.py"),
+    "transformed-code-garbage": lambda r: _write(rank_dir(r) / "transformed_code.py", b"\xff garbage"),
+    "lock-content-garbage": lambda r: _write(rank_dir(r) / "locks" / "index.lock", b"\x00garbage"),
+    "locks-dir-deleted": lambda r: _delete_tree(rank_dir(r) / "locks"),
+    "inductor-cache-deleted": lambda r: _delete_tree(r / recovery.INDUCTOR_SUBDIR),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(HARMLESS_FAULTS))
+def test_a_harmless_change_passes(copy, capsys, fault):
+    HARMLESS_FAULTS[fault](copy)
+    code, out = verify(capsys, copy)
+    assert code == 0 and "BAD" not in out and out.rstrip().endswith(", 0 bad"), out
+
+
+def test_clean_root_passes_and_changes_nothing(warm_root, capsys):
+    before = sorted(str(p.relative_to(warm_root)) for p in warm_root.rglob("*"))
+    code, out = verify(capsys, warm_root)
+    assert code == 0, out
+    count = len(json.loads((rank_dir(warm_root) / INDEX_FILE).read_text()))
+    assert out.splitlines()[-1] == f"{count} artifacts in 1 entries checked, 0 bad"
+    assert inventory.verify_root(warm_root) == []
+    assert sorted(str(p.relative_to(warm_root)) for p in warm_root.rglob("*")) == before
+
+
+def test_an_unindexed_artifact_is_info_only(copy, capsys):
+    artifact = an_artifact(copy)
+    extra = artifact.with_name("piece-0-old.bin")
+    shutil.copy(artifact, extra)
+    code, out = verify(capsys, copy)
+    assert code == 0 and f"info {extra}: unindexed" in out and "BAD" not in out, out
+
+
+@pytest.mark.parametrize("make", ["missing", "file", "loop"])
+def test_a_root_that_cannot_be_checked(tmp_path, capsys, make):
+    root = tmp_path / "root"
+    if make == "file":
+        root.write_text("x")
+    elif make == "loop":
+        os.symlink(root.name, root)
+    code, out = verify(capsys, root)
+    assert code == 2 and out.startswith(f"vgc cache verify: cannot check {root}: "), out
+    with pytest.raises(inventory.CannotVerify):
+        inventory.verify_root(root)
+
+
+def test_verify_failing_itself_is_status_2(copy, capsys, monkeypatch):
+    def boom(root, deep=False):
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(recovery, "kernel_cache_problems", boom)
+    code, out = verify(capsys, copy)
+    assert code == 2 and "cannot check" in out and "RuntimeError: simulated failure" in out, out

@@ -1,0 +1,309 @@
+"""Injected faults in a real warm cache root: no fault may crash a start, give a wrong answer or outlast the
+next start.
+
+A warm root is built once by a real process; each fault is applied to its own copy. `fault_worker.py` then
+serves every faulted root in one process (pass 1: the start after the fault) and again in a second process
+(pass 2: the start after that, which must be warm again). The suite runs a seeded sample that covers every
+file kind; `VGC_FAULTS=120 pytest tests/test_faults.py -k campaign -s` runs the full campaign and prints its
+table (docs/cache.md has the latest one).
+"""
+
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import vgc
+from vgc.cache import inventory
+from vgc.cache.store import ARTIFACT_DIR
+
+HERE = Path(__file__).parent
+FAULT_COUNT = int(os.environ.get("VGC_FAULTS", "12"))
+SEED = int(os.environ.get("VGC_FAULT_SEED", "0"))
+TOL = 1e-4   # fp32, compiled vs eager on the tiny decoder
+
+JSON_SCHEMA_FAULTS = ("[]", '{"x": {"format": "binary"}}', '{"x": {"file": "../../escape", "format": "binary", '
+                      '"bytes": 1, "sha256": "0"}}', '"a string"')
+
+
+def _env(root=None, **extra):
+    env = dict(os.environ, **extra)
+    if root is not None:
+        env["VGC_CACHE_ROOT"] = str(root)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)   # each root keeps Inductor's cache under it, as users get it
+    return env
+
+
+def run_passes(roots, tmp_path, name, env=None):
+    """Serve every root in one worker process; returns {root: report}. A crash leaves its root without a report."""
+    roots_file, out = tmp_path / f"{name}-roots.json", tmp_path / f"{name}.jsonl"
+    roots_file.write_text(json.dumps([str(r) for r in roots]))
+    proc = subprocess.run([sys.executable, str(HERE / "fault_worker.py"), str(roots_file), str(out)],
+                          env=env or _env(), capture_output=True, text=True, timeout=3000)
+    reports = {}
+    if out.exists():
+        for line in out.read_text().splitlines():
+            report = json.loads(line)
+            reports[report["root"]] = report
+    if proc.returncode != 0:
+        crashed = [str(r) for r in roots if str(r) not in reports]
+        pytest.fail(f"fault worker died (rc {proc.returncode}) serving {crashed[:1]}:\n{proc.stderr[-3000:]}")
+    return reports
+
+
+@pytest.fixture(scope="module")
+def warm_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warm") / "root"
+    base = tmp_path_factory.mktemp("warm-runs")
+    for name in ("cold", "warm"):
+        report = run_passes([root], base, name)[str(root)]
+        assert report["error"] is None and report["max_diff"] < TOL, report
+    assert report["counters"]["inductor_compiles"] == 0 and report["warnings"] == [], report
+    return root
+
+
+# ---- the faults ----
+def _targets(root: Path) -> dict[str, list[Path]]:
+    (entry,) = inventory.entries(root)
+    (rank,) = entry.rank_dirs()
+    kernels = [p for p in (root / "inductor_cache").rglob("*") if p.is_file()]
+    return {
+        "index": [rank / "index.json"],
+        "factors": [rank / "cache_key_factors.json"],
+        "artifact": sorted((rank / ARTIFACT_DIR).iterdir()),
+        "lock": sorted((rank / "locks").glob("*.lock")),
+        "locks_dir": [rank / "locks"],
+        "debug": [rank / "computation_graph.py", rank / "transformed_code.py"],
+        "kernel_so": sorted(p for p in kernels if p.suffix == ".so"),
+        "kernel_py": sorted(p for p in kernels if p.suffix == ".py"),
+        "kernel_other": sorted(p for p in kernels if p.suffix not in (".so", ".py", ".lock")),
+        "root": [root],
+    }
+
+
+OPS = {
+    "root": ("mode_777", "other_owner", "is_a_file"),
+    "locks_dir": ("file", "loop", "delete"),
+}
+FILE_OPS = ("truncate", "zero", "garbage", "directory", "loop", "delete")
+JSON_KINDS = ("index", "factors")
+
+
+def plan_faults(root: Path, count: int, seed: int) -> list[tuple[str, str, str]]:
+    """(kind, op, path relative to root): every (kind, op) pair in turn, files drawn with `seed`."""
+    rng = random.Random(seed)
+    targets = {k: v for k, v in _targets(root).items() if v}
+    pairs = []
+    for kind in targets:
+        ops = OPS.get(kind, FILE_OPS + (("schema",) if kind in JSON_KINDS else ()))
+        pairs += [(kind, op) for op in ops]
+    rng.shuffle(pairs)
+    # the sample the suite runs must touch every kind: order pairs so that kinds alternate
+    by_kind = collections.defaultdict(list)
+    for kind, op in pairs:
+        by_kind[kind].append(op)
+    ordered = []
+    while any(by_kind.values()):
+        for kind in list(by_kind):
+            if by_kind[kind]:
+                ordered.append((kind, by_kind[kind].pop()))
+    plan = []
+    while len(plan) < count:
+        kind, op = ordered[len(plan) % len(ordered)]
+        path = rng.choice(targets[kind])
+        plan.append((kind, op, str(path.relative_to(root)) if path != root else "."))
+    return plan
+
+
+def apply_fault(root: Path, kind: str, op: str, rel: str, rng: random.Random) -> None:
+    path = root / rel
+    if op == "mode_777":
+        path.chmod(0o777)
+    elif op == "other_owner":
+        os.chown(path, 12345, 12345)
+    elif op == "is_a_file":
+        shutil.rmtree(path)
+        path.write_text("not a directory\n")
+    elif op == "file":
+        shutil.rmtree(path)
+        path.write_bytes(b"")
+    elif op == "delete":
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    elif op == "loop":
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        path.symlink_to(path.name)   # a link to itself: ELOOP on every access
+    elif op == "directory":   # as root nothing is unreadable by mode; a directory where a file goes is
+        path.unlink()
+        path.mkdir()
+    elif op == "truncate":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif op == "zero":
+        path.write_bytes(b"")
+    elif op == "garbage":
+        path.write_bytes(rng.randbytes(max(16, path.stat().st_size)))
+    elif op == "schema":
+        path.write_text(rng.choice(JSON_SCHEMA_FAULTS))
+    else:
+        raise ValueError(op)
+
+
+def expected_refusal(kind: str, op: str) -> bool:
+    """Faults whose right answer is to run without the cache at every start (an untrusted or unusable root)."""
+    return kind == "root"
+
+
+def _verify(root: Path) -> list[str]:
+    """What `vgc cache verify` finds: (path, problem) lines; a root it cannot check counts as flagged."""
+    try:
+        return [f"{path}: {problem}" for path, problem in inventory.verify_root(root)]
+    except inventory.CannotVerify as e:
+        return [str(e)]
+
+
+def run_campaign(warm_root, tmp_path, count, seed):
+    rng = random.Random(seed)
+    roots, faults = [], {}
+    for i, (kind, op, rel) in enumerate(plan_faults(warm_root, count, seed)):
+        copy = tmp_path / f"fault-{i:03d}-{kind}-{op}"
+        shutil.copytree(warm_root, copy, symlinks=True)
+        apply_fault(copy, kind, op, rel, rng)
+        verdict = _verify(copy)
+        roots.append(copy)
+        faults[str(copy)] = {"kind": kind, "op": op, "file": rel, "verify": verdict}
+    first = run_passes(roots, tmp_path, "pass1")
+    second = run_passes(roots, tmp_path, "pass2")
+    rows = []
+    for root in roots:
+        fault, a, b = faults[str(root)], first[str(root)], second[str(root)]
+        harmful = bool(a["warnings"]) or a["counters"]["inductor_compiles"] > 0
+        rows.append({**fault, "pass1": a, "pass2": b, "harmful": harmful})
+    return rows
+
+
+def _problems(row) -> list[str]:
+    a, b, found = row["pass1"], row["pass2"], []
+    for name, report in (("start after the fault", a), ("next start", b)):
+        if report["error"] is not None:
+            found.append(f"{name} failed: {report['error'][-600:]}")
+        elif report["max_diff"] is None or report["max_diff"] > TOL:
+            found.append(f"{name} gave a wrong answer (max diff {report['max_diff']})")
+    if not expected_refusal(row["kind"], row["op"]) and b["error"] is None:
+        if b["counters"]["inductor_compiles"] or b["warnings"]:
+            found.append(f"next start not warm again: {b['counters']['inductor_compiles']} compiles, "
+                         f"warnings {b['warnings'][:2]}")
+    if row["verify"] is not None and row["harmful"] != bool(row["verify"]) and not expected_refusal(
+            row["kind"], row["op"]):
+        found.append(f"verify says {row['verify'][:2] or 'clean'} for a {'harmful' if row['harmful'] else 'harmless'}"
+                     " fault")
+    return found
+
+
+def _table(rows) -> str:
+    groups = collections.defaultdict(lambda: collections.Counter())
+    for row in rows:
+        g = groups[row["kind"]]
+        g["faults"] += 1
+        g["harmful"] += row["harmful"]
+        g["crashes"] += any(r["error"] is not None for r in (row["pass1"], row["pass2"]))
+        g["wrong"] += any(r["max_diff"] is not None and r["max_diff"] > TOL for r in (row["pass1"], row["pass2"]))
+        g["persistent"] += bool(not expected_refusal(row["kind"], row["op"]) and row["pass2"]["error"] is None and
+                                (row["pass2"]["counters"]["inductor_compiles"] or row["pass2"]["warnings"]))
+        g["verify flagged"] += bool(row["verify"])
+    cols = ("faults", "harmful", "crashes", "wrong", "persistent", "verify flagged")
+    lines = ["| file kind | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for kind in sorted(groups):
+        lines.append(f"| {kind} | " + " | ".join(str(groups[kind][c]) for c in cols) + " |")
+    total = collections.Counter()
+    for g in groups.values():
+        total.update(g)
+    lines.append("| **all** | " + " | ".join(str(total[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def test_fault_campaign(warm_root, tmp_path):
+    rows = run_campaign(warm_root, tmp_path, FAULT_COUNT, SEED)
+    print(f"\nfault campaign: {len(rows)} faults, seed {SEED}\n" + _table(rows))
+    failures = {f"{r['kind']}/{r['op']} on {r['file']}": p for r in rows if (p := _problems(r))}
+    assert not failures, json.dumps(failures, indent=1)[:6000]
+    assert sum(r["harmful"] for r in rows) > 0   # the sample must include faults that change what a start does
+
+
+# ---- a killed start, a full disk ----
+def test_a_start_killed_while_compiling_leaves_a_root_the_next_starts_recover(tmp_path):
+    root = tmp_path / "root"
+    roots_file, out = tmp_path / "roots.json", tmp_path / "killed.jsonl"
+    roots_file.write_text(json.dumps([str(root)]))
+    proc = subprocess.Popen([sys.executable, str(HERE / "fault_worker.py"), str(roots_file), str(out)],
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    # kill once Inductor is writing kernels: the moment a half-written .so or index can be left behind
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any((root / "inductor_cache").rglob("*.cpp")) if (root / "inductor_cache").exists() else False:
+            time.sleep(random.Random(SEED).uniform(0.0, 1.5))
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    after = run_passes([root], tmp_path, "after-kill")[str(root)]
+    again = run_passes([root], tmp_path, "again")[str(root)]
+    for report in (after, again):
+        assert report["error"] is None and report["max_diff"] < TOL, report
+    assert again["counters"]["inductor_compiles"] == 0 and again["warnings"] == [], again
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("size", ["256k", "2m"])
+def test_a_full_disk_degrades_to_running_without_saving(tmp_path, size):
+    root = tmp_path / "small-disk"
+    if not _mount_tmpfs(root, size):
+        pytest.skip("cannot mount a tmpfs here (needs root); test_store_write_failures covers an injected ENOSPC")
+    try:
+        report = run_passes([root], tmp_path, "full")[str(root)]
+        assert report["error"] is None and report["max_diff"] < TOL, report
+    finally:
+        subprocess.run(["umount", str(root)], capture_output=True, timeout=30)
+
+
+def test_an_injected_enospc_on_every_cache_write_still_compiles_and_warns_once(tmp_path, monkeypatch, caplog):
+    import errno
+
+    import torch
+    from vgc.cache import store as store_module
+    from vgc.models import llama
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
+
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    monkeypatch.setattr(store_module, "atomic_write", full)
+    monkeypatch.setattr(store_module._compat, "save_artifact", full)
+    store_module._warned.clear()
+    torch.manual_seed(0)
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg)
+    compiled = vgc.compile(model)
+    batch = llama.make_batch(cfg, 5, "prefill")
+    with caplog.at_level("WARNING", logger="vgc"):
+        out = compiled(**batch)
+    torch.testing.assert_close(out, model(**batch), atol=TOL, rtol=TOL)
+    full_disk = [r for r in caplog.records if "No space left" in r.getMessage()]
+    assert len(full_disk) >= 1 and len(full_disk) <= 2, [r.getMessage() for r in caplog.records]

@@ -1,0 +1,162 @@
+"""Damage under a cache root that vgc can detect without running anything: what `vgc cache verify` reports and
+what a start removes before Inductor would trip over it.
+
+Inductor's own cache (`<root>/inductor_cache/`, and Triton's under it on CUDA) holds compiled kernels that a
+killed compile can leave half-written (a 0-byte `.so` fails every later import with "file too short") and that a
+start loads without a checksum. Only files whose damage is certain are judged: empty files, shared objects
+without an ELF header, unreadable files, dangling or looping symlinks. Anything else Inductor reads is its own
+business (it keys files by content hash).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger("vgc")
+
+INDUCTOR_SUBDIR = "inductor_cache"
+_ELF_MAGIC = b"\x7fELF"
+# Zero-length files Inductor writes on purpose (markers, empty package files).
+_EMPTY_OK_SUFFIXES = (".lock", "__init__.py", ".marker", ".done")
+
+
+def file_problem(path: Path, deep: bool = False) -> str | None:
+    """What is certainly wrong with one file under Inductor's cache, or None. `deep` also parses Python files
+    (what `vgc cache verify` does; a start only looks at sizes and headers, which costs no time)."""
+    try:
+        if path.is_symlink() and not path.exists():
+            return "dangling or looping symlink"
+        size = path.stat().st_size
+        if size == 0 and not path.name.endswith(_EMPTY_OK_SUFFIXES):
+            return "empty file (a write that was interrupted)"
+        if path.suffix == ".so":
+            with open(path, "rb") as f:
+                if f.read(4) != _ELF_MAGIC:
+                    return "not a shared object (no ELF header)"
+        elif not os.access(path, os.R_OK):
+            return "unreadable"
+        elif deep and path.suffix == ".py":
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)   # parses only: nothing runs
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    except (SyntaxError, ValueError) as e:   # ValueError: null bytes, undecodable text
+        return f"not valid Python ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    return None
+
+
+def kernel_cache_problems(root: Path, deep: bool = False) -> list[tuple[Path, str]]:
+    """(path, problem) for every damaged file under `<root>/inductor_cache/` (`deep`: see `file_problem`)."""
+    base = Path(root) / INDUCTOR_SUBDIR
+    found = []
+    for directory, dirnames, filenames in os.walk(base, onerror=lambda e: found.append(
+            (Path(e.filename or base), f"unreadable directory ({e.strerror})"))):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(directory, d))]:
+            path = Path(directory, name)
+            problem = file_problem(path, deep)
+            if problem:
+                found.append((path, problem))
+    return found
+
+
+def remove_damaged_kernels(root: Path) -> int:
+    """Remove what `kernel_cache_problems` finds (Inductor rebuilds it); one warning per path. Returns the count."""
+    removed = 0
+    for path, problem in kernel_cache_problems(root):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                logger.warning("cache: %s is %s; it cannot be repaired from here (fix its permissions)", path,
+                               problem)
+                continue
+            path.unlink()
+        except OSError as e:
+            logger.warning("cache: %s is %s and could not be removed (%s)", path, problem, e.strerror or e)
+            continue
+        logger.warning("cache: removed %s (%s); Inductor rebuilds it", path, problem)
+        removed += 1
+    return removed
+
+
+def move_kernel_cache_off(root: Path, why: str) -> str:
+    """Point Inductor's kernel cache at a private temporary directory for the rest of the process, after a write
+    under `root` failed (a full disk, a read-only root): compiling goes on, nothing more is saved there."""
+    directory = tempfile.mkdtemp(prefix="vgc-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    _clear_inductor_memory()
+    logger.warning("cache: cannot write Inductor's kernels under %s (%s); using %s for this process and saving "
+                   "nothing", Path(root) / INDUCTOR_SUBDIR, why, directory)
+    return directory
+
+
+def _clear_inductor_memory() -> None:
+    try:
+        from torch._inductor.utils import clear_caches
+
+        clear_caches()   # in-memory caches hold modules and paths of the files on disk
+    except ImportError:
+        pass
+
+
+def files_named_in(error: BaseException, root: Path) -> list[Path]:
+    """Files under `<root>/inductor_cache/` that `error` (or what caused it) names or was raised in: the files a
+    failed load or compile read, which are the suspects when the cause is not certain."""
+    base = os.path.realpath(Path(root) / INDUCTOR_SUBDIR) + os.sep
+    names, seen = set(), 0
+    while error is not None and seen < 20:
+        for attr in ("filename", "filename2", "path"):
+            value = getattr(error, attr, None)
+            if isinstance(value, (str, os.PathLike)):
+                names.add(os.fspath(value))
+        tb = error.__traceback__
+        while tb is not None:
+            names.add(tb.tb_frame.f_code.co_filename)
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return sorted(Path(n) for n in names if os.path.realpath(n).startswith(base) and os.path.lexists(n))
+
+
+def remove_suspects(error: BaseException, root: Path) -> int:
+    """Remove the damaged files under the root's kernel cache and those `error` names; returns how many."""
+    removed = remove_damaged_kernels(root)
+    for path in files_named_in(error, root):
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        logger.warning("cache: removed %s, named by a failed load or compile (%s: %s); Inductor rebuilds it",
+                       path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+        removed += 1
+    if removed:
+        _clear_inductor_memory()
+    return removed
+
+
+def raised_reading_a_cache(error: BaseException) -> bool:
+    """Whether `error` (or its cause) went through Inductor's or AOTAutograd's cache code: only then can the
+    cache's content be the cause, and emptying it a cure (a lowering error is not)."""
+    seen = 0
+    while error is not None and seen < 20:
+        tb = error.__traceback__
+        while tb is not None:
+            name = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+            if "/torch/_inductor/" in name and "cache" in name.rsplit("/", 1)[-1] or "autograd_cache" in name:
+                return True
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
+def reset_kernel_cache(root: Path, error: BaseException) -> None:
+    """Empty `<root>/inductor_cache/` after a failure no single file explains: every kernel is rebuilt once,
+    and later starts are warm again (vgc's own artifacts stay)."""
+    base = Path(root) / INDUCTOR_SUBDIR
+    logger.warning("cache: a compile failed on Inductor's cache %s (%s: %s); emptying it and compiling again",
+                   base, type(error).__name__, (str(error).splitlines() or [""])[0][:200])
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o700, exist_ok=True)
+    _clear_inductor_memory()
