@@ -5,6 +5,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 import vgc
 from vgc.config import CompileCacheSaveFormat, CUDAGraphMode, DynamicShapesType, config_fields_markdown
@@ -88,3 +89,36 @@ def test_config_fields_log_nothing(caplog):
         vgc.CompilationConfig(compile_sizes=[1], cudagraph_mode="piecewise", debug=True, cudagraph_mm_encoder=True,
                               encoder_cudagraph_token_budgets=[64])
     assert caplog.records == []
+
+
+def test_vgc_compile_takes_a_dict_of_config_fields_and_names_a_bad_one():
+    compiled = vgc.compile(torch.nn.Linear(2, 2), config={"compile_sizes": [4], "cudagraph_mode": "none"})
+    assert compiled.config == vgc.CompilationConfig(compile_sizes=[4], cudagraph_mode="none")
+    with pytest.raises(ValueError, match=r"unknown vgc option\(s\) \['compile_size'\]"):
+        vgc.compile(torch.nn.Linear(2, 2), config={"compile_size": [4]})
+    with pytest.raises(TypeError, match="config must be a vgc.CompilationConfig or a dict of its fields, got list"):
+        vgc.compile(torch.nn.Linear(2, 2), config=[4])
+
+
+def test_a_global_inductor_custom_pass_enters_the_cache_key(monkeypatch):
+    import torch._inductor.config as inductor_config
+    from vgc.cache.keys import environment_factors
+
+    class Pass:
+        def __init__(self, version):
+            self.version = version
+
+        def __call__(self, graph):
+            return None
+
+        def uuid(self):
+            return f"user-pass-{self.version}"
+
+    plain = environment_factors("cpu")
+    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", Pass(1))
+    first = environment_factors("cpu")
+    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", Pass(2))
+    second = environment_factors("cpu")
+    assert plain["inductor_custom_passes"] == {}
+    assert first["inductor_custom_passes"] == {"post_grad_custom_post_pass": "user-pass-1"}
+    assert second["inductor_custom_passes"] == {"post_grad_custom_post_pass": "user-pass-2"}

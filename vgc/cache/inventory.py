@@ -233,7 +233,13 @@ def _check_rank_dir(entry: Entry, rank_dir: Path, report: Verification) -> None:
             report.bad.append((artifacts / record["file"], problem))
     if artifacts.is_dir() and raw is not None:   # with the index unusable, "unindexed" would list every artifact
         named = {r["file"] for r in raw.values() if isinstance(r, dict) and isinstance(r.get("file"), str)}
-        report.unindexed.extend(p for p in _listing(artifacts, report) if p.name not in named)
+        unindexed = [p for p in _listing(artifacts, report) if p.name not in named and not p.name.startswith(".")]
+        if not os.path.lexists(rank_dir / INDEX_FILE) and unindexed:
+            # artifacts without an index: a start cannot find them and compiles everything again
+            report.bad.append((rank_dir / INDEX_FILE, f"missing while {len(unindexed)} artifacts are stored; "
+                                                      "every artifact of this rank is a miss"))
+        else:
+            report.unindexed.extend(unindexed)
     _check_factors(entry, rank_dir / FACTORS_FILE, report)
     _check_locks(rank_dir / LOCK_DIR, report)
     # computation_graph*.py and transformed_code.py are rewritten by every start: nothing to check.

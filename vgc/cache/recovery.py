@@ -22,6 +22,8 @@ INDUCTOR_SUBDIR = "inductor_cache"
 _ELF_MAGIC = b"\x7fELF"
 # Zero-length files Inductor writes on purpose (markers, empty package files).
 _EMPTY_OK_SUFFIXES = (".lock", "__init__.py", ".marker", ".done")
+# Inductor's kernel files: a directory with such a name is damage (nothing of Inductor's is named so).
+_FILE_SUFFIXES = (".py", ".so", ".cpp", ".h", ".json", ".o", ".cubin", ".ptx", ".lock")
 
 
 def file_problem(path: Path, deep: bool = False) -> str | None:
@@ -59,6 +61,9 @@ def kernel_cache_problems(root: Path, deep: bool = False) -> list[tuple[Path, st
             problem = file_problem(path, deep)
             if problem:
                 found.append((path, problem))
+        for name in [d for d in dirnames if d.endswith(_FILE_SUFFIXES)]:
+            found.append((Path(directory, name), "a directory where a kernel file goes"))
+            dirnames.remove(name)
     return found
 
 
@@ -68,10 +73,9 @@ def remove_damaged_kernels(root: Path) -> int:
     for path, problem in kernel_cache_problems(root):
         try:
             if path.is_dir() and not path.is_symlink():
-                logger.warning("cache: %s is %s; it cannot be repaired from here (fix its permissions)", path,
-                               problem)
-                continue
-            path.unlink()
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         except OSError as e:
             logger.warning("cache: %s is %s and could not be removed (%s)", path, problem, e.strerror or e)
             continue

@@ -126,7 +126,7 @@ class ArtifactStore:
         """`create=False`: a view for reading (the `vgc cache` commands), which creates and repairs nothing."""
         self.directory = Path(directory)
         self.format = fmt
-        self.kernel_root = kernel_root   # the root whose inductor_cache/ holds this entry's kernels, if vgc put it there
+        self.kernel_root = kernel_root   # the root whose inductor_cache/ holds the kernels, when vgc put them there
         self.saving = create
         if create:
             self._repair_layout()
@@ -152,6 +152,8 @@ class ArtifactStore:
     # ---- small files ----
     def write_text(self, name: str, text: str) -> Path:
         path = self.directory / name
+        if path.is_dir() and not path.is_symlink():   # vgc's own file name: whatever stands there is replaced
+            shutil.rmtree(path)
         atomic_write(path, text.encode())
         return path
 
