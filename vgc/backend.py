@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from vgc import _compat, log, views
+from vgc import _compat, log, request_checks, views
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
 from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
@@ -48,6 +48,7 @@ class GraphRecord:
     device_type: str = "cpu"
     shape_guards: list = field(default_factory=list)   # Dynamo's shape guards before Inductor added its own
     compiler_guards: list = field(default_factory=list)   # what Inductor assumed on top (trace-once only)
+    input_check: request_checks.InputIdCheck | None = None   # token ids checked before each call (None: none)
 
     @property
     def artifacts_compiled(self) -> int:
@@ -286,6 +287,10 @@ class VgcBackend:
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
         forward = split_gm.forward
+        # An id outside an embedding table aborts the compiled CPU kernel (eager raises IndexError): check first.
+        record.input_check = request_checks.checker_for(gm, example_inputs)
+        if record.input_check is not None:
+            forward = request_checks.checked(forward, record.input_check)
         if graph_runtime is not None and not self.trace_once:
             forward = _copy_graph_outputs(forward, graph_runtime)
         anchor = _grad_anchor(example_inputs)

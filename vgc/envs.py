@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
 
 
 def _lookup(name: str) -> tuple[str, str] | None:
@@ -18,12 +18,14 @@ def _lookup(name: str) -> tuple[str, str] | None:
     return None
 
 
-def _flag(name: str) -> bool:
+def _flag(name: str, default: bool = False) -> bool:
     found = _lookup(name)
     if found is None:
-        return False
+        return default
     var, raw = found
     value = raw.strip().lower()
+    if not value:   # set but empty: as if unset, so that `VAR=` never turns a default-on check off
+        return default
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -33,6 +35,12 @@ def _flag(name: str) -> bool:
 
 def disable_compile_cache() -> bool:
     return _flag("DISABLE_COMPILE_CACHE")
+
+
+def check_input_ids() -> bool:
+    """Check token ids against embedding tables before each compiled call (on unless VGC_CHECK_INPUT_IDS=0):
+    an out-of-range id aborts the compiled CPU kernel's process instead of raising as eager does."""
+    return _flag("CHECK_INPUT_IDS", default=True)
 
 
 def compile_cache_save_format() -> str | None:

@@ -1,0 +1,153 @@
+"""Token ids outside an embedding table raise IndexError before the compiled code runs (it would abort the process
+on the CPU: Inductor's bounds check fails inside an OpenMP region), and the model keeps working afterwards."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import vgc
+from vgc import envs, request_checks
+from vgc.models import llama
+from conftest import FP32_TOL, hf_llama
+
+# Small inputs only: their kernels run outside OpenMP, so a missing check fails these tests with Inductor's
+# RuntimeError instead of aborting the test process.
+
+
+class Lookup(nn.Module):
+    """A user's model vgc has never seen: an embedding and a projection."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(100, 8)
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, ids):
+        return self.proj(self.embed(ids))
+
+
+def _checker(model, *args):
+    """(checker, example_inputs) for the graph Dynamo hands a backend, found inside the backend as vgc's is (Dynamo
+    drops the placeholders' sources afterwards); no Inductor compile."""
+    found = []
+
+    def backend(gm, example_inputs):
+        found.append((request_checks.checker_for(gm, example_inputs), example_inputs))
+        return gm.forward
+
+    torch.compile(model, backend=backend, fullgraph=True)(*args)
+    return found[0]
+
+
+def _assert_refused(call, ids, expected):
+    with pytest.raises(IndexError, match=r"holds ids in \[") as raised:
+        call(ids)
+    assert expected in str(raised.value)
+
+
+def test_user_module_refuses_bad_ids_then_matches_eager():
+    model, backend = Lookup().eval(), vgc.VgcBackend()
+    compiled = torch.compile(model, backend=backend)
+    good = torch.tensor([[1, 2, 99]])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(good), model(good), **FP32_TOL)
+        _assert_refused(compiled, torch.tensor([[1, 100, 70000]]),
+                        "ids holds ids in [1, 70000] but the embedding embed has 100 rows (valid: 0..99)")
+        _assert_refused(compiled, torch.tensor([[-1, 2, 3]]), "ids holds ids in [-1, 3]")
+        torch.testing.assert_close(compiled(good), model(good), **FP32_TOL)
+    [checked] = backend.graphs[0].input_check.checked
+    assert (checked.name, checked.table, checked.rows) == ("ids", "embed", 100)
+
+
+def test_vgc_compile_llama_refuses_bad_input_ids_then_matches_eager(tiny):
+    cfg, model = tiny
+    compiled = vgc.compile(model)
+    with torch.no_grad():
+        compiled(**llama.make_batch(cfg, 8, "prefill"))
+        for bad in (cfg.vocab_size, -1):
+            batch = llama.make_batch(cfg, 8, "prefill")
+            batch["input_ids"][3] = bad
+            with pytest.raises(IndexError, match=rf"input_ids holds ids in \[.*{bad}.*\] but the embedding "
+                                                 rf"embed_tokens has {cfg.vocab_size} rows"):
+                compiled(**batch)
+        torch.testing.assert_close(compiled(**llama.make_batch(cfg, 8, "prefill")),
+                                   model(**llama.make_batch(cfg, 8, "prefill")), **FP32_TOL)
+    # positions index a table too, but through arithmetic, not an embedding lookup: only input_ids is checked
+    assert [c.name for c in compiled.backend.graphs[0].input_check.checked] == ["input_ids"]
+
+
+def test_check_is_not_installed_with_the_env_var_off(monkeypatch):
+    monkeypatch.setenv("VGC_CHECK_INPUT_IDS", "0")
+    model, backend = Lookup().eval(), vgc.VgcBackend()
+    good = torch.tensor([[4, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=backend)(good), model(good), **FP32_TOL)
+    assert backend.graphs[0].input_check is None
+
+
+@pytest.mark.parametrize("value, expected", [(None, True), ("", True), ("1", True), ("0", False), ("off", False)])
+def test_env_var(monkeypatch, value, expected):
+    monkeypatch.delenv("VLLM_CHECK_INPUT_IDS", raising=False)
+    if value is None:
+        monkeypatch.delenv("VGC_CHECK_INPUT_IDS", raising=False)
+    else:
+        monkeypatch.setenv("VGC_CHECK_INPUT_IDS", value)
+    assert envs.check_input_ids() is expected
+
+
+def test_env_var_bad_value_is_an_error(monkeypatch):
+    monkeypatch.setenv("VGC_CHECK_INPUT_IDS", "maybe")
+    with pytest.raises(ValueError, match="VGC_CHECK_INPUT_IDS='maybe' is not a boolean"):
+        envs.check_input_ids()
+
+
+class Shapes(nn.Module):
+    """Ids through a view (checked), through a slice (not: eager never reads the dropped ids) and into two
+    tables (checked against the smaller)."""
+
+    def __init__(self):
+        super().__init__()
+        self.big, self.small = nn.Embedding(50, 4), nn.Embedding(30, 4)
+
+    def forward(self, ids, tail_ids, shared):
+        return self.big(ids.view(-1)).sum() + self.big(tail_ids[:, 1:]).sum() + \
+            self.big(shared).sum() + self.small(shared).sum()
+
+
+def test_finder_follows_views_not_slices_and_takes_the_smaller_table():
+    check, _ = _checker(Shapes(), torch.tensor([[1, 2]]), torch.tensor([[3, 4]]), torch.tensor([5]))
+    assert sorted((c.name, c.table, c.rows) for c in check.checked) == [("ids", "big", 50), ("shared", "small", 30)]
+
+
+class MasksInPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        ids.masked_fill_(ids >= 10, 0)   # image-placeholder ids beyond the vocabulary, replaced before the lookup
+        return self.embed(ids)
+
+
+def test_ids_rewritten_in_place_before_the_lookup_are_not_checked():
+    check, _ = _checker(MasksInPlace(), torch.tensor([1, 12]))
+    assert check is None
+
+
+def test_finder_finds_an_unmodified_hugging_face_embedding():
+    pytest.importorskip("transformers")
+    model = hf_llama(num_hidden_layers=1)
+    check, example_inputs = _checker(model, torch.tensor([[1, 2, 3]]))
+    [checked] = check.checked
+    assert (checked.table, checked.rows) == ("embed_tokens", 128)
+    with pytest.raises(IndexError, match="but the embedding embed_tokens has 128 rows"):
+        check([torch.tensor([[1, 128]]) if i == checked.position else x for i, x in enumerate(example_inputs)])
+
+
+def test_aten_embedding_and_empty_ids():
+    check = request_checks.InputIdCheck([request_checks.CheckedInput(0, "", "ids", "t", 5)])
+    check([torch.empty(0, dtype=torch.long)])   # nothing to look up, nothing to refuse
+    gm = torch.fx.symbolic_trace(lambda weight, ids: torch.ops.aten.embedding.default(weight, ids))
+    [checked] = request_checks.checker_for(gm, [torch.zeros(7, 2), torch.tensor([0])]).checked
+    assert (checked.position, checked.rows) == (1, 7)
