@@ -264,21 +264,25 @@ def test_a_start_killed_while_compiling_leaves_a_root_the_next_starts_recover(tm
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        # mode 0700: a tmpfs root is world-writable by default, which vgc refuses to load from
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
                               capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
 
 
-@pytest.mark.parametrize("size", ["256k", "2m"])
-def test_a_full_disk_degrades_to_running_without_saving(tmp_path, size):
+@pytest.mark.parametrize("size", ["256k", "2m", "ro"])
+def test_a_full_or_read_only_disk_degrades_to_running_without_saving(tmp_path, size):
     root = tmp_path / "small-disk"
-    if not _mount_tmpfs(root, size):
-        pytest.skip("cannot mount a tmpfs here (needs root); test_store_write_failures covers an injected ENOSPC")
+    if not _mount_tmpfs(root, "1m,ro" if size == "ro" else size):
+        pytest.skip("cannot mount a tmpfs here (needs root); the injected-ENOSPC test below still runs")
     try:
         report = run_passes([root], tmp_path, "full")[str(root)]
         assert report["error"] is None and report["max_diff"] < TOL, report
+        assert not any("VGC_CACHE_TRUST" in w for w in report["warnings"]), report   # the disk, not trust, is tested
+        if size == "ro":   # nothing can be created under it: the warning names the setting the root came from
+            assert any("VGC_CACHE_ROOT=" in w and "Read-only file system" in w for w in report["warnings"]), report
     finally:
         subprocess.run(["umount", str(root)], capture_output=True, timeout=30)
 

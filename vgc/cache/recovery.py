@@ -10,6 +10,7 @@ business (it keys files by content hash).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -88,6 +89,7 @@ def move_kernel_cache_off(root: Path, why: str) -> str:
     """Point Inductor's kernel cache at a private temporary directory for the rest of the process, after a write
     under `root` failed (a full disk, a read-only root): compiling goes on, nothing more is saved there."""
     directory = tempfile.mkdtemp(prefix="vgc-inductor-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)   # its kernels are this process's only
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
     _clear_inductor_memory()
     logger.warning("cache: cannot write Inductor's kernels under %s (%s); using %s for this process and saving "
