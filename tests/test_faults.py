@@ -311,3 +311,26 @@ def test_an_injected_enospc_on_every_cache_write_still_compiles_and_warns_once(t
     torch.testing.assert_close(out, model(**batch), atol=TOL, rtol=TOL)
     full_disk = [r for r in caplog.records if "No space left" in r.getMessage()]
     assert len(full_disk) >= 1 and len(full_disk) <= 2, [r.getMessage() for r in caplog.records]
+
+
+def test_trust_refuses_a_writable_or_foreign_directory_unless_told_otherwise(tmp_path, monkeypatch):
+    from vgc.cache import entry
+
+    own = tmp_path / "own"
+    own.mkdir(mode=0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    if os.getuid() == 0:   # only root can give a directory away
+        os.chown(foreign, 12345, 12345)
+    assert entry.untrusted_reason(own) is None and entry.untrusted_reason(tmp_path / "absent") is None
+    assert entry.untrusted_reason(shared) == "is writable by its group (mode 775)"
+    if os.getuid() == 0:
+        assert entry.untrusted_reason(foreign) == "is owned by uid 12345, not by this user (uid 0)"
+    monkeypatch.setenv("VGC_CACHE_TRUST", "any")
+    assert entry._trust_problem([shared, foreign]) is None
+    monkeypatch.setenv("VGC_CACHE_TRUST", "everyone")
+    with pytest.raises(ValueError, match="VGC_CACHE_TRUST='everyone' is not a trust level; use 'any'"):
+        entry._trust_problem([own])

@@ -54,6 +54,15 @@ def compile_cache_save_format() -> str | None:
     return value
 
 
+def cache_trust_any() -> bool:
+    """`VGC_CACHE_TRUST=any`: load from cache directories that are another user's or writable by others."""
+    raw = os.environ.get("VGC_CACHE_TRUST", "")
+    value = raw.strip().lower()
+    if value not in ("", "any", "owner"):
+        raise ValueError(f"VGC_CACHE_TRUST={raw!r} is not a trust level; use 'any' (or leave it unset)")
+    return value == "any"
+
+
 def cache_root() -> Path:
     root = os.environ.get("VGC_CACHE_ROOT")
     if root:

@@ -76,7 +76,7 @@ def untrusted_reason(path: Path) -> str | None:
 
 
 def _trust_problem(paths: list[Path]) -> tuple[Path, str] | None:
-    if os.environ.get("VGC_CACHE_TRUST", "").strip().lower() == "any":
+    if envs.cache_trust_any():
         return None
     for path in paths:
         reason = untrusted_reason(path)

@@ -144,9 +144,9 @@ class ArtifactStore:
             is_lock = path.parent == locks
             if not (path.is_symlink() or (path.exists() and path.is_dir() == is_lock)):
                 continue
+            what = "symlink" if path.is_symlink() else ("directory" if is_lock else "file")
             self._remove(path)
-            warn_once(f"layout:{path}", "cache: removed %s (a %s where vgc keeps its %s)", path,
-                      "symlink" if path.is_symlink() else ("directory" if is_lock else "file"),
+            warn_once(f"layout:{path}", "cache: removed %s (a %s where vgc keeps its %s)", path, what,
                       "lock file" if is_lock else "directory")
 
     # ---- small files ----
