@@ -38,8 +38,12 @@ def file_problem(path: Path, deep: bool = False) -> str | None:
             return "empty file (a write that was interrupted)"
         if path.suffix == ".so":
             with open(path, "rb") as f:
-                if f.read(4) != _ELF_MAGIC:
-                    return "not a shared object (no ELF header)"
+                header = f.read(64)
+            if header[:4] != _ELF_MAGIC:
+                return "not a shared object (no ELF header)"
+            end = _elf_section_table_end(header)
+            if end is not None and end > size:   # the section table is written last: a cut file lacks it
+                return f"truncated shared object ({size} bytes, its ELF header says at least {end})"
         elif not os.access(path, os.R_OK):
             return "unreadable"
         elif deep and path.suffix == ".py":
@@ -49,6 +53,20 @@ def file_problem(path: Path, deep: bool = False) -> str | None:
     except (SyntaxError, ValueError) as e:   # ValueError: null bytes, undecodable text
         return f"not valid Python ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
     return None
+
+
+def _elf_section_table_end(header: bytes) -> int | None:
+    """Where an ELF file's section header table ends, from its first 64 bytes; None if the header is cut."""
+    if len(header) < 52 or header[5] not in (1, 2):
+        return None
+    order = "little" if header[5] == 1 else "big"
+    if header[4] == 2 and len(header) >= 64:   # ELF64
+        offset, entry, count = header[0x28:0x30], header[0x3A:0x3C], header[0x3C:0x3E]
+    elif header[4] == 1:   # ELF32
+        offset, entry, count = header[0x20:0x24], header[0x2E:0x30], header[0x30:0x32]
+    else:
+        return None
+    return int.from_bytes(offset, order) + int.from_bytes(entry, order) * int.from_bytes(count, order)
 
 
 def kernel_cache_problems(root: Path, deep: bool = False) -> list[tuple[Path, str]]:
