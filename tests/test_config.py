@@ -100,7 +100,7 @@ def test_vgc_compile_takes_a_dict_of_config_fields_and_names_a_bad_one():
         vgc.compile(torch.nn.Linear(2, 2), config=[4])
 
 
-def test_a_global_inductor_custom_pass_enters_the_cache_key(monkeypatch):
+def test_a_global_inductor_custom_pass_enters_the_cache_key():
     import torch._inductor.config as inductor_config
     from vgc.cache.keys import environment_factors
 
@@ -115,10 +115,11 @@ def test_a_global_inductor_custom_pass_enters_the_cache_key(monkeypatch):
             return f"user-pass-{self.version}"
 
     plain = environment_factors("cpu")
-    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", Pass(1))
-    first = environment_factors("cpu")
-    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", Pass(2))
-    second = environment_factors("cpu")
+    # config.patch, not monkeypatch: monkeypatch's undo deletes a config option it did not see in the module dict
+    with inductor_config.patch(post_grad_custom_post_pass=Pass(1)):
+        first = environment_factors("cpu")
+    with inductor_config.patch(post_grad_custom_post_pass=Pass(2)):
+        second = environment_factors("cpu")
     assert plain["inductor_custom_passes"] == {}
     assert first["inductor_custom_passes"] == {"post_grad_custom_post_pass": "user-pass-1"}
     assert second["inductor_custom_passes"] == {"post_grad_custom_post_pass": "user-pass-2"}

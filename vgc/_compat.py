@@ -165,6 +165,16 @@ def inductor_config_portable() -> dict[str, Any]:
     return inductor_config.save_config_portable()
 
 
+def clear_inductor_memory_caches() -> None:
+    """Drop Inductor's in-memory caches of loaded modules and kernel paths, after files under its cache directory
+    were removed or the directory moved (private `torch._inductor.utils`)."""
+    try:
+        from torch._inductor.utils import clear_caches
+    except ImportError:
+        return
+    clear_caches()
+
+
 _CUSTOM_PASS_OPTIONS = ("pre_grad_custom_pass", "joint_custom_pre_pass", "joint_custom_post_pass",
                         "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "_pre_fusion_custom_pass",
                         "_post_fusion_custom_pass")

@@ -116,12 +116,9 @@ def move_kernel_cache_off(root: Path, why: str) -> str:
 
 
 def _clear_inductor_memory() -> None:
-    try:
-        from torch._inductor.utils import clear_caches
+    from vgc import _compat   # imports torch: only when there is something to clear
 
-        clear_caches()   # in-memory caches hold modules and paths of the files on disk
-    except ImportError:
-        pass
+    _compat.clear_inductor_memory_caches()   # in-memory caches hold modules and paths of the files on disk
 
 
 def files_named_in(error: BaseException, root: Path) -> list[Path]:
