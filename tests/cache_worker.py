@@ -14,7 +14,9 @@ import vgc
 from vgc.models import llama
 
 
-class _Count(logging.Handler):
+class WarningRecorder(logging.Handler):
+    """Keeps the message of every warning logged to the handler's logger (`vgc`)."""
+
     def __init__(self):
         super().__init__(logging.WARNING)
         self.messages = []
@@ -27,7 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--options", default="{}")
     args = parser.parse_args()
-    warnings = _Count()
+    warnings = WarningRecorder()
     logging.getLogger("vgc").addHandler(warnings)
 
     cfg = llama.tiny_config()

@@ -20,14 +20,7 @@ import vgc
 from vgc.cache import store
 from vgc.models import llama
 
-
-class _Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
+from cache_worker import WarningRecorder   # this directory is the script's sys.path[0]
 
 
 def serve(root: str) -> dict:
@@ -37,7 +30,7 @@ def serve(root: str) -> dict:
 
     clear_caches()
     store._warned.clear()
-    warnings = _Warnings()
+    warnings = WarningRecorder()
     logging.getLogger("vgc").addHandler(warnings)
     before = vgc.counters.as_dict()
     try:

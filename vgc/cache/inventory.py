@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from vgc.cache import recovery
 from vgc.cache.keys import diff_factors, flatten_factors
-from vgc.cache.store import ARTIFACT_DIR, FACTORS_FILE, INDEX_FILE, ArtifactStore, record_problem
+from vgc.cache.store import ARTIFACT_DIR, FACTORS_FILE, INDEX_FILE, ArtifactStore, factors_problem, record_problem
 
 CACHE_SUBDIR = "torch_compile_cache"
 LOCK_DIR = "locks"
@@ -270,8 +270,8 @@ def _check_index(path: Path, report: Verification) -> dict[str, Any] | None:
 
 
 def _check_factors(entry: Entry, path: Path, report: Verification) -> None:
-    # A start writes this file only when it is missing, never reads it for its own entry: damage is never
-    # repaired, and the miss log line of other keys, `ls` and `why-miss` then cannot use this entry.
+    # A start rewrites this file when `factors_problem` finds it damaged (with a warning); until then the miss log
+    # line of other keys, `ls` and `why-miss` cannot use this entry.
     if not os.path.lexists(path):
         return   # the next start of this entry writes it
     try:
@@ -282,12 +282,9 @@ def _check_factors(entry: Entry, path: Path, report: Verification) -> None:
     except ValueError as e:
         report.bad.append((path, f"not valid JSON ({e})"))
         return
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("hash"), str):
-        report.bad.append((path, 'not a JSON object with a "hash"'))
-    elif not isinstance(manifest.get("factors"), dict):
-        report.bad.append((path, 'no "factors" object'))
-    elif manifest["hash"] != entry.hash:
-        report.bad.append((path, f"records hash {manifest['hash']!r} but lies in entry {entry.hash}"))
+    problem = factors_problem(manifest, entry.hash)
+    if problem:
+        report.bad.append((path, problem))
 
 
 def _check_locks(locks: Path, report: Verification) -> None:

@@ -121,22 +121,26 @@ def _clear_inductor_memory() -> None:
     _compat.clear_inductor_memory_caches()   # in-memory caches hold modules and paths of the files on disk
 
 
+def error_chain(error: BaseException | None, limit: int = 20):
+    """`error`, then what caused it (`__cause__`, else `__context__`), and so on: Inductor and Dynamo wrap what
+    they raise. `limit` bounds a chain that loops."""
+    while error is not None and limit > 0:
+        yield error
+        error = error.__cause__ or error.__context__
+        limit -= 1
+
+
 def files_named_in(error: BaseException, root: Path) -> list[Path]:
     """Files under `<root>/inductor_cache/` that `error` (or what caused it) names or was raised in: the files a
     failed load or compile read, which are the suspects when the cause is not certain."""
     base = os.path.realpath(Path(root) / INDUCTOR_SUBDIR) + os.sep
-    names, seen = set(), 0
-    while error is not None and seen < 20:
+    names = set()
+    for link in error_chain(error):
         for attr in ("filename", "filename2", "path"):
-            value = getattr(error, attr, None)
+            value = getattr(link, attr, None)
             if isinstance(value, (str, os.PathLike)):
                 names.add(os.fspath(value))
-        tb = error.__traceback__
-        while tb is not None:
-            names.add(tb.tb_frame.f_code.co_filename)
-            tb = tb.tb_next
-        error = error.__cause__ or error.__context__
-        seen += 1
+        names.update(_frame_files(link))
     return sorted(Path(n) for n in names if os.path.realpath(n).startswith(base) and os.path.lexists(n))
 
 
@@ -159,17 +163,21 @@ def remove_suspects(error: BaseException, root: Path) -> int:
 def raised_reading_a_cache(error: BaseException) -> bool:
     """Whether `error` (or its cause) went through Inductor's or AOTAutograd's cache code: only then can the
     cache's content be the cause, and emptying it a cure (a lowering error is not)."""
-    seen = 0
-    while error is not None and seen < 20:
-        tb = error.__traceback__
-        while tb is not None:
-            name = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+    for link in error_chain(error):
+        for name in _frame_files(link):
+            name = name.replace(os.sep, "/")
             if "/torch/_inductor/" in name and "cache" in name.rsplit("/", 1)[-1] or "autograd_cache" in name:
                 return True
-            tb = tb.tb_next
-        error = error.__cause__ or error.__context__
-        seen += 1
     return False
+
+
+def _frame_files(error: BaseException) -> list[str]:
+    """The source files of the frames `error` passed through."""
+    files, tb = [], error.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return files
 
 
 def reset_kernel_cache(root: Path, error: BaseException) -> None:

@@ -45,6 +45,10 @@ def make_private_dirs(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all. A directory standing at `path` (vgc's own file names only) is removed
+    first: os.replace cannot put a file over it, and it would fail every later write the same way."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -91,6 +95,17 @@ def record_problem(record: Any) -> str | None:
             return "an unpacked record needs 'files' (name -> sha256)"
     else:
         return f"unknown format {fmt!r}"
+    return None
+
+
+def factors_problem(manifest: Any, entry_hash: str) -> str | None:
+    """What is wrong with a parsed `cache_key_factors.json` of the entry `entry_hash`, or None."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("hash"), str):
+        return 'not a JSON object with a "hash"'
+    if not isinstance(manifest.get("factors"), dict):
+        return 'no "factors" object'
+    if manifest["hash"] != entry_hash:
+        return f"records hash {manifest['hash']!r} but lies in entry {entry_hash}"
     return None
 
 
@@ -152,8 +167,6 @@ class ArtifactStore:
     # ---- small files ----
     def write_text(self, name: str, text: str) -> Path:
         path = self.directory / name
-        if path.is_dir() and not path.is_symlink():   # vgc's own file name: whatever stands there is replaced
-            shutil.rmtree(path)
         atomic_write(path, text.encode())
         return path
 
@@ -163,8 +176,7 @@ class ArtifactStore:
         path = self.directory / FACTORS_FILE
         if path.exists() or path.is_symlink():
             try:
-                stored = json.loads(path.read_text())
-                if isinstance(stored, dict) and stored.get("hash") == factors["hash"]:
+                if factors_problem(json.loads(path.read_text()), factors["hash"]) is None:
                     return
             except (OSError, ValueError):
                 pass
@@ -207,10 +219,7 @@ class ArtifactStore:
                 index.pop(name, None)
             else:
                 index[name] = record
-            path = self.directory / INDEX_FILE
-            if path.is_dir() and not path.is_symlink():   # a directory where the index goes: replaced, not kept
-                shutil.rmtree(path)
-            atomic_write(path, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
+            atomic_write(self.directory / INDEX_FILE, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
 
     # ---- artifacts ----
     def artifact_lock(self, name: str) -> FileLock:
@@ -366,15 +375,9 @@ class ArtifactStore:
             counts["artifacts_saved"] = 1
 
 
-def _os_error_in(error: BaseException) -> OSError | ImportError | None:
-    """The OSError or ImportError behind `error` (Inductor and Dynamo wrap what they raise), or None."""
-    seen = 0
-    while error is not None and seen < 20:
-        if isinstance(error, (OSError, ImportError)):
-            return error
-        error = error.__cause__ or error.__context__
-        seen += 1
-    return None
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind `error` (Inductor and Dynamo wrap what they raise), or None."""
+    return next((link for link in recovery.error_chain(error) if isinstance(link, OSError)), None)
 
 
 class NoStore:
