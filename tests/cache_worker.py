@@ -48,6 +48,7 @@ def main() -> None:
         "max_diff": max_diff,
         "cache_dirs": report["cache_dirs"],
         "seconds": report["seconds"],
+        "trace_source": compiled.trace_source,
         "unusable_warnings": [m for m in warnings.messages if "unusable" in m],
     }))
 

@@ -55,7 +55,10 @@ def test_second_process_loads_every_artifact_without_inductor(cold_then_warm):
     assert warm["counters"]["inductor_compiles"] == 0
     assert warm["counters"]["cache_hits"] == cold["counters"]["inductor_compiles"]
     assert warm["counters"]["artifacts_loaded"] == cold["counters"]["artifacts_saved"]
-    assert warm["counters"]["dynamo_traces"] == 1
+    # the warm process ran the saved trace: no Dynamo, no Inductor
+    assert cold["counters"]["dynamo_traces"] == 1 and cold["counters"]["traces_saved"] == 1
+    assert warm["counters"]["dynamo_traces"] == 0 and warm["counters"]["traces_loaded"] == 1
+    assert (cold["trace_source"], warm["trace_source"]) == ("traced", "saved")
     assert cold["max_diff"] < 1e-4 and warm["max_diff"] < 1e-4
     assert warm["cache_dirs"] == cold["cache_dirs"]
 

@@ -88,13 +88,37 @@ def test_runs_without_autograd_whatever_the_grad_mode(tiny, no_cache):
     assert not out.requires_grad
 
 
-def test_anything_that_would_compile_after_warmup_raises(tiny, no_cache):
+def test_a_model_keeps_its_program_when_dynamo_forgets_its_code(tiny, no_cache):
+    """vgc.compile runs the program Dynamo captured ahead of time, not Dynamo's frame cache: losing that cache
+    (torch._dynamo.reset()) changes nothing, and nothing compiles."""
     cfg, model = tiny
     compiled = vgc.compile(model)
     compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+    assert compiled.trace_source == "traced"
+    torch._dynamo.reset()
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0):
+        out = compiled(**llama.make_batch(cfg, 5, "prefill"))
+    torch.testing.assert_close(out, model(**llama.make_batch(cfg, 5, "prefill")), **FP32_TOL)
+
+
+class AffineCall:
+    """A callable object, not a function: torch cannot save its trace, so vgc traces through Dynamo's entry."""
+    def __init__(self):
+        self.weight = torch.randn(8)
+
+    def __call__(self, x):
+        return x * self.weight + 1
+
+
+def test_anything_that_would_compile_after_warmup_raises(no_cache):
+    model = AffineCall()
+    compiled = vgc.compile(model)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+    assert compiled.trace_source == "traced-live"
     torch._dynamo.reset()  # drop Dynamo's compiled code: the next call would have to trace again
     with pytest.raises(vgc.CompileAfterWarmupError):
-        compiled(**llama.make_batch(cfg, 5, "prefill"))
+        compiled(torch.randn(5, 8))
 
 
 class EqualsFour(nn.Module):

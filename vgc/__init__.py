@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from vgc import envs  # noqa: E402,F401  (first: it records the user's settings before torch changes any)
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesConfig, DynamicShapesType  # noqa: E402
 from vgc.counters import counters  # noqa: E402
 from vgc.backend import CompileAfterWarmupError, VgcBackend, vgc_backend  # noqa: E402

@@ -408,3 +408,131 @@ def flash_varlen_attention() -> Callable | None:
     except ImportError:
         return None
     return varlen_attn
+
+
+# ---- Dynamo AOT precompile (a saved trace) -------------------------------------------------------------------------
+# `torch.compile(fn).aot_compile((args, kwargs))` captures a whole program (Dynamo's transformed bytecode, its
+# guards, the backend's result) without running it, and `torch.compiler.load_compiled_function` loads a saved one
+# in a new process without tracing. torch 2.11 hides it behind `enable_aot_compile` (default on from 2.12); the
+# backend's result must subclass `SerializableCallable` (private module).
+
+def _serializable_callable_base() -> type | None:
+    try:
+        from torch._dynamo.aot_compile_types import SerializableCallable
+    except ImportError:
+        return None
+    return SerializableCallable
+
+
+SerializableCallable: type = _serializable_callable_base() or object
+"""The base class of a backend result that AOT precompile can save (`object` where torch has none)."""
+
+
+def aot_precompile_available() -> bool:
+    return _serializable_callable_base() is not None and hasattr(torch.compiler, "load_compiled_function")
+
+
+def _aot_enabled():
+    config = torch._dynamo.config
+    return config.patch(enable_aot_compile=True) if hasattr(config, "enable_aot_compile") else contextlib.nullcontext()
+
+
+def aot_capture(fn: Callable, backend: Callable, args: tuple, kwargs: dict, guard_filter: Callable):
+    """Dynamo's whole-program capture of `fn(*args, **kwargs)` with `backend` (run once, inside), not run; the
+    result is called with `fn`'s unbound arguments (`self` first for a bound method)."""
+    with _aot_enabled():
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend,
+                                 options={"guard_filter_fn": guard_filter})
+        return compiled.aot_compile((args, kwargs))
+
+
+def aot_program_bytes(program) -> bytes:
+    """A captured program as bytes (what `save_compiled_function` writes, without the file)."""
+    return type(program).serialize(program).serialized_data
+
+
+def aot_program_load(data: bytes, f_globals: dict | None):
+    """A program from `aot_program_bytes`; nothing is traced."""
+    import io
+
+    with _aot_enabled():
+        return torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
+
+
+def aot_guard_failure(program, args: tuple, kwargs: dict) -> str | None:
+    """None when the program's saved guards hold for this call, else Dynamo's reason."""
+    if program.guard_check(*args, **kwargs):
+        return None
+    try:
+        return str(program._artifacts.guard_manager.check_verbose(program.prepare_f_locals(*args, **kwargs)))
+    except Exception as e:  # the reason is for a log line only
+        return f"(no reason: {type(e).__name__})"
+
+
+def aot_skip_guards(program) -> None:
+    """Calls no longer evaluate the program's guards (vgc checks its inputs itself)."""
+    program.disable_guard_check()
+
+
+def aot_source_modules(program) -> list[str]:
+    """Names of the modules whose code Dynamo traced for the program."""
+    return sorted({source.module for source in program._artifacts.source_info.inlined_sources})
+
+
+def aot_bytecode(program) -> tuple[Any, Any]:
+    """(original code, transformed code) of a captured program, for `transformed_code.py`."""
+    return program._artifacts.original_code, program._artifacts.runtime_env.bytecode
+
+
+def tracing_context():
+    """The TracingContext a backend runs in, to compile inside it later (`within_tracing_context`)."""
+    return torch._guards.TracingContext.try_get()
+
+
+def within_tracing_context(context):
+    return torch._guards.tracing(context) if context is not None else contextlib.nullcontext()
+
+
+def aot_signature(program) -> inspect.Signature:
+    """The signature a captured program is called with."""
+    return program._artifacts.signature
+
+
+def aot_backend_result(program):
+    """What the backend returned for a captured or loaded program (vgc's `SavedGraph`)."""
+    return program._artifacts.compiled_fn
+
+
+_GUARD_ROOT = re.compile(r"[A-Za-z_]\w*")
+
+
+def model_state_guard_filter(argument_names: set[str]) -> Callable:
+    """A `guard_filter_fn` for a saved program: keep the serializable guards on the model's own state (its
+    attributes' values, its weights' dtypes and shapes) and drop those on the call's arguments (vgc's input
+    contract checks them), on globals and on sizes."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    # Identity guards name objects of this process (a module, a function, a local class): they cannot be saved.
+    # Type and attribute-lookup guards are left out too: the source hash of the entry already pins the classes'
+    # code, and rebuilding a hundred type guards costs a warm start about a second.
+    unsupported = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())) | {
+        "SHAPE_ENV", "TYPE_MATCH", "NOT_PRESENT_IN_GENERIC_DICT", "DICT_NOT_CONTAINS"}
+
+    def keep(entries) -> list[bool]:
+        kept = []
+        for entry in entries:
+            root = _GUARD_ROOT.match(entry.name)
+            types = {entry.guard_type, *getattr(entry, "derived_guard_types", ())}
+            kept.append(not entry.is_global and not types & unsupported
+                        and not getattr(entry.orig_guard, "_unserializable", False)
+                        and (root is None or root[0] not in argument_names))
+        return kept
+    return keep
+
+
+def has_module_hooks(model) -> bool:
+    """Forward hooks on `model` or on every module: a capture of `model.forward` alone would skip them."""
+    modules = torch.nn.modules.module
+    return isinstance(model, torch.nn.Module) and bool(
+        model._forward_hooks or model._forward_pre_hooks or modules._global_forward_hooks
+        or modules._global_forward_pre_hooks)

@@ -7,6 +7,7 @@ call) and, on CUDA, the `GraphDispatcher` (built from the trace; pads, captures,
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -22,6 +23,7 @@ from vgc.contract import (DimSpec, InputContract, argument_specs, check_dynamic_
 from vgc.counters import counters
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.guards import argument_tensors
+from vgc.trace_session import TraceSession
 
 logger = logging.getLogger("vgc")
 
@@ -44,67 +46,94 @@ class CompiledModel:
             raise ValueError("cudagraph_mode FULL_AND_PIECEWISE needs uniform_decode=<predicate on the call's "
                              "arguments> to tell decode batches (FULL graph) from the rest (PIECEWISE)")
         self.backend = VgcBackend(self.config, trace_once=True)
-        self._compiled = torch.compile(model, backend=self.backend, fullgraph=True, dynamic=False,
-                                       options={"guard_filter_fn": _compat.skip_all_guards})
+        self._forward = forward
+        self._compiled = None    # the live-trace entry (Dynamo's own), built only when a saved trace cannot be
+        self._run: Callable | None = None   # calls the traced program with the call's arguments
         self.contract: InputContract | None = None   # built by the trace
         self.graphs: GraphDispatcher | None = None    # built by the trace, on CUDA with a graph mode
         self._seconds: dict[str, float] = {}
+        self.trace_source: str | None = None   # "saved" (loaded, no Dynamo), "traced" (and saved) or "traced-live"
         self.warmed_up = False
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
         if self.contract is None:
-            return self._trace(args, kwargs)
+            return self._start(args, kwargs)
         arguments = self._bind(args, kwargs)
         self.contract.check(arguments)
         # Inference only: traced and run without autograd, whatever the caller's grad mode.
         with torch.no_grad():
             if self.graphs is not None:
                 return self.graphs.run(arguments)
-            return self._compiled(*args, **kwargs)
+            return self._run(*args, **kwargs)
 
     def _call_arguments(self, arguments: dict[str, Any]):
         bound = inspect.BoundArguments(self._signature, arguments)   # positional-only and *args stay positional
         with torch.no_grad():
-            return self._compiled(*bound.args, **bound.kwargs)
+            return self._run(*bound.args, **bound.kwargs)
 
     def _bind(self, args, kwargs) -> dict[str, Any]:
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return bound.arguments
 
-    def _trace(self, args, kwargs):
+    # ---- the one trace (or a saved one) ----
+    def _start(self, args, kwargs):
+        """The first call: load the saved trace of this model and input contract, else trace (and save) it; then
+        build the contract and, on CUDA, the graph dispatcher, and answer the call."""
+        start = time.perf_counter()
         arguments = self._bind(args, kwargs)
         mode = self.config.dynamic_shapes_config.type
         dynamic = dynamic_dims(arguments, self.dynamic_arg_dims)
         specs = argument_specs(arguments, dynamic)   # refuses, before any compile, what it could not check later
         tensors = [t for value in arguments.values() for _, t in argument_tensors(value)]
-        if self._graph_mode(_compat.device_from_inputs(tensors)) != CUDAGraphMode.NONE:
+        device = _compat.device_from_inputs(tensors)
+        if self._graph_mode(device) != CUDAGraphMode.NONE:
             padded_dims(dynamic, arguments)   # a model CUDA graphs cannot pad fails now, not after compiling
-        mark_dynamic_dims(arguments, dynamic, mode)
-        start = time.perf_counter()
-        # Without duck sizing, equal sizes at trace time stay separate symbols: only relations the model really
-        # needs (input_ids and positions broadcast together) become guards, and those are checked per call.
-        with self.backend.tracing(), torch.no_grad(), _compat.no_duck_shape(), \
-                _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS):
-            out = self._compiled(*args, **kwargs)
-        total = time.perf_counter() - start
+        session = TraceSession(self, arguments, device.type, (specs, dynamic, mode.value))
+        run, out = session.load(args, kwargs), None
+        if run is None:
+            mark_dynamic_dims(arguments, dynamic, mode)
+            run, out = session.trace(args, kwargs)
         if len(self.backend.graphs) != 1:   # fullgraph=True: Dynamo hands the backend exactly one graph
             raise RuntimeError(f"vgc: expected one Dynamo graph from the trace, got {len(self.backend.graphs)}")
         graph = self.backend.graphs[0]
         contract = InputContract(self._signature, arguments, specs, dynamic, graph.shape_guards,
                                  graph.compiler_guards)
+        self._run = run
+        if out is None:   # a saved or captured program has not run yet
+            with torch.no_grad():
+                out = self._run(*args, **kwargs)
         graph_mode, graphs = self._graph_mode(torch.device(graph.device_type)), None
         if graph_mode != CUDAGraphMode.NONE:
             graphs = GraphDispatcher(self._call_arguments, graph_mode, self.config.resolved_capture_sizes(),
                                      padded_dims(dynamic, arguments), self.pad_values, self.uniform_decode,
                                      self.backend.graph_runtime, arguments, out)
         self.contract, self.graphs = contract, graphs   # together: a call sees a whole traced model or none
-        self._seconds.update(first_call=total, backend=sum(graph.seconds.values()),
-                             dynamo_trace_and_run=total - sum(graph.seconds.values()))
-        logger.info("traced once, compiled %d and loaded %d artifacts in %.2f s",
+        total = time.perf_counter() - start
+        self._seconds.update(session.seconds, first_call=total)
+        logger.info("%s, compiled %d and loaded %d artifacts in %.2f s",
+                    "loaded the saved trace" if self.trace_source == "saved" else "traced once",
                     graph.artifacts_compiled, graph.artifacts_loaded, total)
         return out
+
+    def _live_trace(self, args, kwargs) -> tuple[Callable, Any]:
+        """Trace through Dynamo's own entry, saving nothing: for models a saved trace cannot serve."""
+        self._compiled = torch.compile(self.model, backend=self.backend, fullgraph=True, dynamic=False,
+                                       options={"guard_filter_fn": _compat.skip_all_guards})
+        mode = self.config.dynamic_shapes_config.type
+        with self._tracing_scope(mode):
+            out = self._compiled(*args, **kwargs)
+        return self._compiled, out
+
+    def _tracing_scope(self, mode: DynamicShapesType):
+        # Without duck sizing, equal sizes at trace time stay separate symbols: only relations the model really
+        # needs (input_ids and positions broadcast together) become guards, and those are checked per call.
+        stack = contextlib.ExitStack()
+        for context in (self.backend.tracing(), torch.no_grad(), _compat.no_duck_shape(),
+                        _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS)):
+            stack.enter_context(context)
+        return stack
 
     def _graph_mode(self, device: torch.device) -> CUDAGraphMode:
         """The CUDA-graph mode `vgc.compile` runs with on `device`: NONE off CUDA."""

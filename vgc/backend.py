@@ -14,11 +14,14 @@ import torch.fx as fx
 from vgc import _compat, log, request_checks, views
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
+from vgc.cache.keys import traced_source_files
+from vgc.cache.store import Fetched
 from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
 from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
 from vgc.cudagraph.runtime import GraphRuntime
+from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
 from vgc.guards import snapshot_shape_guards
 from vgc.piecewise import CompiledPiece
 from vgc.split import Piece, attention_like_ops, check_splitting_ops, split_graph
@@ -197,6 +200,9 @@ class VgcBackend:
         self._seen_keys: set[str] = set()
         self._tracing = False
         self._told_unsplit = False   # the "no splitting op occurs" advice is given once per model
+        # vgc.compile's capture for a saved trace: the backend only plans, and the owner builds the plan once the
+        # traced source files (and so the cache entry) are known.
+        self.defer_build = False
 
     @contextlib.contextmanager
     def tracing(self):
@@ -230,72 +236,105 @@ class VgcBackend:
             raise _compat.through_dynamo(e) from e
 
     def _compile_graph(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
-        check_splitting_ops(self.config.splitting_ops, gm)
-        record = GraphRecord(pieces=[], compiled={}, unique_keys=set(), cache_dir=None, computation_graph=None,
-                             counters=Counters.child_of(self.counters),
-                             device_type=_compat.device_from_inputs(example_inputs).type,
-                             shape_guards=snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)))
-        record.counters.add(dynamo_traces=1)
-        seconds = record.seconds
-        graph_runtime = self._piece_graph_runtime(record.device_type)
-
+        plan = self._plan_graph(gm, example_inputs)
+        if self.defer_build:   # vgc.compile's saved-trace capture: built once Dynamo hands back the program
+            plan.snapshot_split()
+            return SavedGraph(plan, _compat.tracing_context())
         start = time.perf_counter()
-        store = open_store(self.config, record.device_type, _compat.traced_code_objects())
-        seconds["cache_key"] = time.perf_counter() - start
-
-        start = time.perf_counter()
-        split_gm, record.pieces = split_graph(gm, self.config.splitting_ops)
-        piece_inputs = _piece_example_inputs(split_gm, example_inputs)
-        module_state = _module_state_arguments(split_gm, example_inputs)
-        seconds["split"] = time.perf_counter() - start
-        if self.config.splitting_ops and not any(piece.is_splitting for piece in record.pieces):
-            self._explain_unsplit(gm)
-
-        start = time.perf_counter()
-        artifacts = (1 + len(self.config.compile_sizes)) * \
-            sum(not piece.is_splitting and piece.name in piece_inputs for piece in record.pieces)
-        # Inference artifacts whatever the caller's grad mode: with autograd on, AOTAutograd would build a training
-        # graph that saves activations, and the memo and cache (whose keys ignore grad mode) would hand it to
-        # no_grad calls too.
-        with log.progress(artifacts, f"vgc: graph {len(self.graphs)}", unit="artifact") as progress, torch.no_grad():
-            for piece in record.pieces:
-                record.counters.add(pieces=1, splitting_pieces=int(piece.is_splitting))
-                if piece.is_splitting:
-                    _call_custom_ops_directly(piece.module)
-                    # Bound forward skips nn.Module.__call__: attention pieces run eagerly with no hook overhead.
-                    split_gm.__dict__[piece.name] = _compat.generated_forward(piece.module)
-                    continue
-                if piece.name not in piece_inputs:  # dead piece (never called)
-                    continue
-                compiled = self._compile_piece(piece, list(piece_inputs[piece.name]), store, record.counters,
-                                               progress)
-                record.compiled[piece.name] = compiled
-                record.unique_keys.add(compiled.key)
-                split_gm.__dict__[piece.name] = compiled if graph_runtime is None else \
-                    CUDAGraphPiece(compiled, module_state[piece.name], mutated_inputs(piece.module), graph_runtime)
-        seconds["compile"] = time.perf_counter() - start
-        if self.trace_once:
-            record.compiler_guards = _compiler_guards(record.shape_guards, example_inputs)
-
-        record.cache_dir = str(store.directory) if store.directory is not None else None
-        record.computation_graph = debug_files.write_computation_graph(store, split_gm, record.pieces)
+        store = open_store(self.config, plan.device_type, traced_source_files(_compat.traced_code_objects()))
+        plan.seconds["cache_key"] = time.perf_counter() - start
+        forward = self.build(plan, store)
         debug_files.expect_transformed_code(store)
-        self.graphs.append(record)
-        logger.info("graph %d: %d pieces (%d unique compiled), %d compiled, %d loaded in %.2f s%s",
-                    len(self.graphs) - 1, len(record.pieces), len(record.unique_keys), record.artifacts_compiled,
-                    record.artifacts_loaded, seconds["compile"],
-                    f"; cache {record.cache_dir}" if record.cache_dir else "")
-        # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
-        forward = split_gm.forward
-        # An id outside an embedding table aborts the compiled CPU kernel (eager raises IndexError): check first.
-        record.input_check = request_checks.checker_for(gm, example_inputs)
-        if record.input_check is not None:
-            forward = request_checks.checked(forward, record.input_check)
+        graph_runtime = self._piece_graph_runtime(plan.device_type)
         if graph_runtime is not None and not self.trace_once:
             forward = _copy_graph_outputs(forward, graph_runtime)
         anchor = _grad_anchor(example_inputs)
         # Only graphs compiled with autograd on pay for the wrapper; vgc.compile always traces without it.
         return forward if anchor is None else _raise_on_backward(forward, gm, anchor)
+
+    def _plan_graph(self, gm: fx.GraphModule, example_inputs: list) -> GraphPlan:
+        """Split Dynamo's graph and describe each piece: its structural key, sizes, and what CUDA graphs need."""
+        check_splitting_ops(self.config.splitting_ops, gm)
+        start = time.perf_counter()
+        split_gm, pieces = split_graph(gm, self.config.splitting_ops)
+        piece_inputs = _piece_example_inputs(split_gm, example_inputs)
+        module_state = _module_state_arguments(split_gm, example_inputs)
+        if self.config.splitting_ops and not any(piece.is_splitting for piece in pieces):
+            self._explain_unsplit(gm)
+        inductor_config = self.config.inductor_compile_config
+        static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
+        extra = repr((sorted(inductor_config.items()), sorted(static_config.items())))
+        plans = []
+        for piece in pieces:
+            if piece.is_splitting:
+                plans.append(PiecePlan(piece.name, splitting=True, module=piece.module))
+            elif piece.name in piece_inputs:   # else a dead piece (never called)
+                inputs = list(piece_inputs[piece.name])
+                size_source = find_size_source(inputs)
+                if size_source is None and self.config.compile_sizes:
+                    logger.debug("%s has no single symbolic size; compile_sizes do not apply to it", piece.name)
+                plans.append(PiecePlan(
+                    piece.name, splitting=False, key=piece_key(piece.module, inputs, extra=extra),
+                    sizes=tuple(self.config.compile_sizes) if size_source is not None else (),
+                    size_source=size_source, has_symbols=bool(free_symbols(inputs)),
+                    single=not _compat.graph_returns_tuple(piece.module),
+                    module_state=tuple(module_state[piece.name]), mutated=frozenset(mutated_inputs(piece.module)),
+                    module=piece.module, example_inputs=inputs))
+        return GraphPlan(split_gm, pieces, plans, _compat.device_from_inputs(example_inputs).type,
+                         snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)),
+                         # An id outside an embedding table aborts the compiled CPU kernel (eager raises
+                         # IndexError): check first.
+                         input_check=request_checks.checker_for(gm, example_inputs), example_inputs=example_inputs,
+                         seconds={"split": time.perf_counter() - start})
+
+    def build(self, plan: GraphPlan, store) -> Callable:
+        """Compile or load every piece of `plan` and assemble the forward. A plan rebuilt from a saved trace only
+        loads; an artifact it cannot load raises `MissingArtifact`."""
+        record = GraphRecord(pieces=plan.pieces, compiled={}, unique_keys=set(), cache_dir=None,
+                             computation_graph=None, counters=Counters.child_of(self.counters),
+                             device_type=plan.device_type, shape_guards=plan.shape_guards,
+                             input_check=plan.input_check, seconds=dict(plan.seconds))
+        record.counters.add(dynamo_traces=int(plan.traced))
+        graph_runtime = self._piece_graph_runtime(plan.device_type)
+        split_gm = plan.split_gm
+        start = time.perf_counter()
+        artifacts = sum(1 + len(p.sizes) for p in plan.plans if not p.splitting)
+        # Inference artifacts whatever the caller's grad mode: with autograd on, AOTAutograd would build a training
+        # graph that saves activations, and the memo and cache (whose keys ignore grad mode) would hand it to
+        # no_grad calls too.
+        with log.progress(artifacts, f"vgc: graph {len(self.graphs)}", unit="artifact") as progress, torch.no_grad():
+            for piece in plan.plans:
+                if piece.splitting:
+                    _call_custom_ops_directly(piece.module)
+                    # Bound forward skips nn.Module.__call__: attention pieces run eagerly with no hook overhead.
+                    split_gm.__dict__[piece.name] = _compat.generated_forward(piece.module)
+                    continue
+                compiled = self._compile_piece(piece, store, record.counters, progress)
+                record.compiled[piece.name] = compiled
+                record.unique_keys.add(compiled.key)
+                split_gm.__dict__[piece.name] = compiled if graph_runtime is None else \
+                    CUDAGraphPiece(compiled, list(piece.module_state), piece.mutated, graph_runtime)
+        record.seconds["compile"] = time.perf_counter() - start
+        record.counters.add(pieces=len(plan.pieces), splitting_pieces=sum(p.is_splitting for p in plan.pieces))
+        if plan.compiler_guards is None:
+            plan.compiler_guards = _compiler_guards(plan.shape_guards, plan.example_inputs) if self.trace_once else []
+        record.compiler_guards = plan.compiler_guards
+
+        record.cache_dir = str(store.directory) if store.directory is not None else None
+        if plan.traced or store.directory is None:
+            record.computation_graph = debug_files.write_computation_graph(store, split_gm, record.pieces)
+        else:   # written when the trace was saved, beside it
+            record.computation_graph = debug_files.existing_computation_graph(store, len(self.graphs))
+        self.graphs.append(record)
+        logger.info("graph %d: %d pieces (%d unique compiled), %d compiled, %d loaded in %.2f s%s",
+                    len(self.graphs) - 1, len(record.pieces), len(record.unique_keys), record.artifacts_compiled,
+                    record.artifacts_loaded, record.seconds["compile"],
+                    f"; cache {record.cache_dir}" if record.cache_dir else "")
+        # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
+        forward = split_gm.forward
+        if record.input_check is not None:
+            forward = request_checks.checked(forward, record.input_check)
+        return forward
 
     def _explain_unsplit(self, gm: fx.GraphModule) -> None:
         """Say why the graph runs as one piece: none of the splitting ops occurs. A user's SDPA model or a
@@ -312,44 +351,42 @@ class VgcBackend:
                     self.config.splitting_ops, ", ".join(f"{name} (x{count})" for name, count in found.items()),
                     list(found))
 
-    def _compile_piece(self, piece: Piece, example_inputs: list, store, graph_counters: Counters,
-                       progress) -> CompiledPiece:
+    def _compile_piece(self, piece: PiecePlan, store, graph_counters: Counters, progress) -> CompiledPiece:
         inductor_config = self.config.inductor_compile_config
         static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
-        key = piece_key(piece.module, example_inputs,
-                        extra=repr((sorted(inductor_config.items()), sorted(static_config.items()))))
-        size_source = find_size_source(example_inputs)
-        single = not _compat.graph_returns_tuple(piece.module)
-        if key not in self._seen_keys:
-            self._seen_keys.add(key)
+        if piece.key not in self._seen_keys:
+            self._seen_keys.add(piece.key)
             graph_counters.add(unique_pieces=1)
 
         def build(size: int | None) -> Callable:
-            name = f"piece-{key}-{'dynamic' if size is None else size}"
+            name = piece.artifact_name(size)
             progress.set_postfix_str(f"{piece.name}, {'symbolic size' if size is None else f'size {size}'}",
                                      refresh=False)
             fn = self._memo.get(name)
             if fn is None:
-                fetched = store.load_or_compile(
-                    name,
-                    lambda: compile_piece(piece.module, example_inputs, size=size, size_source=size_source,
-                                          inductor_config=inductor_config if size is None else static_config),
-                    meta={"piece": piece.name, "size": size})
+                if piece.module is None or piece.example_inputs is None:   # from a saved trace: load only
+                    fetched = store.load(name)
+                    if fetched is None or fetched.artifact is None:
+                        raise MissingArtifact(f"the saved trace needs artifact {name}, which "
+                                              f"{'is damaged' if fetched else 'is not'} in {store.directory}")
+                    fetched = Fetched(fetched.artifact, {**fetched.counts, "cache_hits": 1})
+                else:
+                    fetched = store.load_or_compile(
+                        name,
+                        lambda: compile_piece(piece.module, piece.example_inputs, size=size,
+                                              size_source=piece.size_source,
+                                              inductor_config=inductor_config if size is None else static_config),
+                        meta={"piece": piece.name, "size": size})
                 graph_counters.add(**fetched.counts)
-                fn = unwrap_single(fetched.artifact) if single else fetched.artifact
+                fn = unwrap_single(fetched.artifact) if piece.single else fetched.artifact
                 self._memo[name] = fn
             progress.update()
             return fn
 
         dynamic_fn = build(None)
-        static_fns = {}
-        if size_source is not None:
-            static_fns = {size: build(size) for size in self.config.compile_sizes}
-        elif self.config.compile_sizes:
-            logger.debug("%s has no single symbolic size; compile_sizes do not apply to it", piece.name)
-            progress.update(len(self.config.compile_sizes))
-        return CompiledPiece(piece.name, key, dynamic_fn, static_fns, size_source,
-                             has_symbols=bool(free_symbols(example_inputs)))
+        static_fns = {size: build(size) for size in piece.sizes}
+        return CompiledPiece(piece.name, piece.key, dynamic_fn, static_fns, piece.size_source,
+                             has_symbols=piece.has_symbols)
 
     def _piece_graph_runtime(self, device_type: str) -> GraphRuntime | None:
         """The runtime when this graph's compiled pieces get CUDA graphs, else None."""

@@ -29,6 +29,8 @@ class Counters:
     cache_misses: int = 0
     cache_corrupt: int = 0          # artifacts that failed their content check and were rebuilt
     cudagraph_captures: int = 0
+    traces_saved: int = 0           # Dynamo programs saved for warm starts (vgc.compile)
+    traces_loaded: int = 0          # saved programs a start ran instead of tracing
     static_dispatches: int = field(default=0, metadata=_PER_CALL)    # piece calls served by a compile_sizes artifact
     dynamic_dispatches: int = field(default=0, metadata=_PER_CALL)   # piece calls served by the symbolic-size one
     cudagraph_replays: int = field(default=0, metadata=_PER_CALL)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Inductor sets this variable itself on first use (importing parts of Dynamo is enough), so the user's own choice
+# can only be seen before vgc imports torch's compiler: `vgc/__init__.py` imports this module first.
+USER_INDUCTOR_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 

@@ -1,6 +1,9 @@
-"""`vgc bench startup`: cold vs warm time to first output, each in a fresh process.
+"""`vgc bench startup`: cold vs warm start of `vgc.compile`, each in a fresh process, phase by phase.
 
-Cold: an empty cache root (and Inductor cache under it). Warm: the same root again, so every artifact loads.
+Cold: every compile cache the process touches starts empty in a new directory: vgc's root, Inductor's cache (under
+the root), Triton's (`TRITON_CACHE_DIR`) and CUDA's PTX cache (`CUDA_CACHE_PATH`). Warm: the same directories
+again, so the saved trace and every artifact load. The table prints each phase and counts Dynamo traces and
+Inductor calls.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import sys
 import tempfile
 import time
 
+MODES = ("none", "piecewise", "full", "full_and_piecewise")
 
-def _child(model_name: str, device: str, spawned_at: float) -> None:
+
+def _child(model_name: str, device: str, mode: str, spawned_at: float) -> None:
     import torch
 
     import vgc
@@ -25,35 +30,54 @@ def _child(model_name: str, device: str, spawned_at: float) -> None:
     cfg = llama.tiny_config() if model_name == "tiny" else llama.llama_1b_config()
     start = time.perf_counter()
     model = llama.Llama(cfg).to(device)
-    t_model = time.perf_counter() - start
-    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="none"))
-    start = time.perf_counter()
-    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device=device))
-    with torch.no_grad():
-        out = compiled(**llama.make_batch(cfg, 8, "decode", device=device))
     if device == "cuda":
         torch.cuda.synchronize()
-    t_compile = time.perf_counter() - start
-    graph = compiled.backend.graphs[0]
+    t_model = time.perf_counter() - start
+    kv = llama.make_kv_caches(cfg, device=device)   # graphs replay on caches that stay put
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode),
+                           pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
+    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device=device, kv_caches=kv),
+                             make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device=device,
+                                                                           kv_caches=kv))
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = compiled(**llama.make_batch(cfg, 8, "decode", device=device, kv_caches=kv))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = report["seconds"]
+    counts = vgc.counters
     print(json.dumps({
-        "import_s": t_import, "model_s": t_model, "warmup_s": t_compile,
-        "first_output_s": time.time() - spawned_at,
-        "trace_s": report["seconds"]["dynamo_trace_and_run"],
-        "compile_or_load_s": graph.seconds["compile"], "cache_key_s": graph.seconds["cache_key"],
-        "inductor_compiles": vgc.counters.inductor_compiles, "artifacts_loaded": vgc.counters.artifacts_loaded,
-        "finite": bool(torch.isfinite(out).all()),
+        "import_s": t_import, "model_s": t_model, "warmup_s": seconds["warmup"],
+        "trace_s": seconds.get("trace", 0.0) + seconds.get("trace_and_compile", 0.0),
+        "load_trace_s": seconds.get("load_trace", 0.0),
+        "compile_s": seconds.get("compile_or_load", 0.0), "load_artifacts_s": seconds.get("load_artifacts", 0.0),
+        "save_trace_s": seconds.get("save_trace", 0.0), "capture_s": seconds.get("cudagraph_capture", 0.0),
+        "first_output_s": time.time() - spawned_at, "decode_call_s": time.perf_counter() - start,
+        "trace_source": compiled.trace_source, "dynamo_traces": counts.dynamo_traces,
+        "inductor_compiles": counts.inductor_compiles, "artifacts_loaded": counts.artifacts_loaded,
+        "traces_loaded": counts.traces_loaded, "finite": bool(torch.isfinite(out).all()),
     }))
 
 
-def _run_child(model_name: str, device: str, root: str) -> dict:
-    env = dict(os.environ, VGC_CACHE_ROOT=root)
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # cold means cold: Inductor's kernels live under the root too
-    proc = subprocess.run([sys.executable, "-m", "vgc.bench.startup", "--child", model_name, device,
-                           repr(time.time())], env=env,
-                          capture_output=True, text=True)
+def cache_dirs(root: str) -> dict[str, str]:
+    """The compile caches a start touches, all under `root`, as environment variables."""
+    return {"VGC_CACHE_ROOT": os.path.join(root, "vgc"), "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+            "CUDA_CACHE_PATH": os.path.join(root, "cuda")}
+
+
+def _run_child(model_name: str, device: str, mode: str, root: str) -> dict:
+    env = dict(os.environ, **cache_dirs(root))
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)   # Inductor's cache then lives under the vgc root
+    proc = subprocess.run([sys.executable, "-m", "vgc.bench.startup", "--child", model_name, device, mode,
+                           repr(time.time())], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"startup child failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+COLUMNS = [("first output", "first_output_s"), ("import", "import_s"), ("model", "model_s"),
+           ("warmup()", "warmup_s"), ("trace", "trace_s"), ("load trace", "load_trace_s"),
+           ("compile", "compile_s"), ("load artifacts", "load_artifacts_s"), ("capture", "capture_s")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,34 +87,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=["tiny", "llama_1b"], default=None,
                         help="default: llama_1b on CUDA, tiny on CPU")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    parser.add_argument("--cudagraph-mode", choices=MODES, default="none",
+                        help="capture CUDA graphs in warmup() too (CUDA only); default none")
     parser.add_argument("--warm-runs", type=int, default=2)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model_name = args.model or ("llama_1b" if device == "cuda" else "tiny")
     root = tempfile.mkdtemp(prefix="vgc-bench-startup-")
-    cold = _run_child(model_name, device, root)
-    warms = [_run_child(model_name, device, root) for _ in range(args.warm_runs)]
-    warm = min(warms, key=lambda r: r["first_output_s"])
-    rows = [("cold", cold), ("warm (best of %d)" % len(warms), warm)]
-    print(f"vgc bench startup: {model_name} on {device}, torch {torch.__version__}")
-    print(f"{'run':18s} {'first output':>12s} {'import':>8s} {'model':>8s} {'warmup':>8s} {'trace':>8s} "
-          f"{'compile/load':>12s} {'Inductor':>9s} {'loaded':>7s}")
+    print(f"vgc bench startup: {model_name} on {device}, torch {torch.__version__}, cudagraph_mode "
+          f"{args.cudagraph_mode}; every cache starts empty in:")
+    for name, path in cache_dirs(root).items():
+        print(f"  {name}={path}")
+    print(f"  TORCHINDUCTOR_CACHE_DIR={os.path.join(cache_dirs(root)['VGC_CACHE_ROOT'], 'inductor_cache')}")
+    cold = _run_child(model_name, device, args.cudagraph_mode, root)
+    warms = [_run_child(model_name, device, args.cudagraph_mode, root) for _ in range(args.warm_runs)]
+    warm = min(warms, key=lambda r: r["warmup_s"])
+    rows = [("cold", cold)] + [(f"warm {i + 1}", r) for i, r in enumerate(warms)]
+    print(f"{'run':8s}" + "".join(f"{title:>15s}" for title, _ in COLUMNS)
+          + f"{'Dynamo traces':>15s}{'Inductor calls':>15s}{'loaded':>8s}")
     for name, r in rows:
-        print(f"{name:18s} {r['first_output_s']:11.2f}s {r['import_s']:7.2f}s {r['model_s']:7.2f}s "
-              f"{r['warmup_s']:7.2f}s {r['trace_s']:7.2f}s {r['compile_or_load_s']:11.2f}s "
-              f"{r['inductor_compiles']:9d} {r['artifacts_loaded']:7d}")
-    print(f"warm/cold: warm-up phase {warm['warmup_s'] / cold['warmup_s']:.1%}, "
-          f"whole process {warm['first_output_s'] / cold['first_output_s']:.1%}")
+        print(f"{name:8s}" + "".join(f"{r[key]:14.2f}s" for _, key in COLUMNS)
+              + f"{r['dynamo_traces']:15d}{r['inductor_compiles']:15d}{r['artifacts_loaded']:8d}")
+    no_capture = lambda r: r["warmup_s"] - r["capture_s"]  # noqa: E731
+    print(f"best warm / cold: warmup() without capture {no_capture(warm):.2f} s / {no_capture(cold):.2f} s = "
+          f"{no_capture(warm) / no_capture(cold):.1%}; first output {warm['first_output_s'] / cold['first_output_s']:.1%}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": model_name, "device": device, "torch": torch.__version__, "cold": cold,
-                       "warm": warms}, f, indent=1)
+            json.dump({"model": model_name, "device": device, "torch": torch.__version__,
+                       "cudagraph_mode": args.cudagraph_mode, "cold": cold, "warm": warms}, f, indent=1)
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        _child(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
     else:
         raise SystemExit(main())

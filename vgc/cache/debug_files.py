@@ -36,6 +36,23 @@ def write_computation_graph(store, split_gm: fx.GraphModule, pieces) -> str | No
         return None
 
 
+def existing_computation_graph(store, graph_index: int) -> str | None:
+    """The split graph a traced start wrote into this entry (a warm start from a saved trace writes none)."""
+    name = "computation_graph.py" if graph_index == 0 else f"computation_graph_{graph_index}.py"
+    path = store.directory / name
+    return str(path) if path.is_file() else None
+
+
+def write_transformed_code(store, code, new_code) -> None:
+    """`transformed_code.py` for a program captured ahead of time (Dynamo calls no bytecode hook then)."""
+    if store.directory is None:
+        return
+    try:
+        store.write_text("transformed_code.py", render_transformed_code(code, new_code))
+    except Exception as e:  # a debug file must never break compilation
+        logger.debug("could not write transformed_code.py: %s", e)
+
+
 # Dynamo hands the transformed bytecode to hooks only after the backend returns; remember where it goes.
 _pending = threading.local()
 _hook_handle = None
@@ -55,10 +72,7 @@ def _on_bytecode(code, new_code):
     if store is None:
         return None
     _pending.store = None
-    try:
-        store.write_text("transformed_code.py", render_transformed_code(code, new_code))
-    except Exception as e:  # a debug file must never break compilation
-        logger.debug("could not write transformed_code.py: %s", e)
+    write_transformed_code(store, code, new_code)
     return None
 
 

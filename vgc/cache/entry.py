@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vgc import envs
 from vgc.cache.inventory import CACHE_SUBDIR, closest_entry
-from vgc.cache.keys import cache_key, environment_factors, source_factors, traced_source_files
+from vgc.cache.keys import cache_key, environment_factors, source_factors
 from vgc.cache import recovery
 from vgc.cache.recovery import INDUCTOR_SUBDIR
 from vgc.cache.store import ArtifactStore, NoStore, make_private_dirs, warn_once
@@ -17,9 +17,8 @@ from vgc.config import CompilationConfig
 
 logger = logging.getLogger("vgc")
 
-# Inductor's own cache (compiled kernels, the CPU ISA probe) sets this variable itself on first use, so the
-# user's choice can only be seen before that.
-_USER_INDUCTOR_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+# Inductor's own cache (compiled kernels, the CPU ISA probe): where the user put it, if they did.
+_USER_INDUCTOR_CACHE_DIR = envs.USER_INDUCTOR_CACHE_DIR
 
 
 def cache_enabled() -> bool:
@@ -105,12 +104,14 @@ def explain_new_entry(root: Path, key: str, factors: dict) -> None:
     logger.info("cache miss for %s; closest entry %s differs in: %s", key, entry.hash, "; ".join(differences))
 
 
-def open_store(config: CompilationConfig, device_type: str, code_objects) -> ArtifactStore | NoStore:
-    """The cache entry for this graph; `NoStore` (compile, save nothing) when the cache is off, or when the root
-    is unusable or untrusted, with one warning that names the root's setting and the fix."""
+_prepared_roots: set[Path] = set()
+
+
+def open_root(config: CompilationConfig) -> Path | NoStore:
+    """The cache root, trusted and ready (Inductor's cache under it, damaged kernels removed, once per process),
+    or `NoStore` with one warning when it is off, unusable or untrusted."""
     if not cache_enabled():
         return NoStore()
-    fmt = save_format(config)
     root = cache_root(config)
     untrusted = _trust_problem([root, root / CACHE_SUBDIR, root / INDUCTOR_SUBDIR])
     if untrusted:
@@ -119,15 +120,38 @@ def open_store(config: CompilationConfig, device_type: str, code_objects) -> Art
     try:
         # first: computing the key already probes the CPU ISA into Inductor's cache
         kernel_root = _use_inductor_cache_under(root)
-        if kernel_root is not None:   # a kernel half-written by a killed compile fails every later start
+        if kernel_root is not None and kernel_root not in _prepared_roots:
+            # a kernel half-written by a killed compile fails every later start; once per process is enough
             recovery.remove_damaged_kernels(kernel_root)
+            _prepared_roots.add(kernel_root)
     except OSError as e:
         return _without_cache(config, f"{root} cannot hold the cache ({e.strerror or e})",
                               "point it at a writable directory")
-    paths = traced_source_files(code_objects)
-    key, factors = cache_key(config.hash_factors(), environment_factors(device_type), source_factors(paths))
+    return root
+
+
+def entry_key(config: CompilationConfig, device_type: str, paths: list[str]) -> tuple[str, dict]:
+    """The entry a model whose trace read the source files `paths` uses, and the factors of its key."""
+    return cache_key(config.hash_factors(), environment_factors(device_type), source_factors(paths))
+
+
+def untrusted_entry(root: Path, key: str) -> tuple[Path, str] | None:
+    return _trust_problem([root / CACHE_SUBDIR / key, root / CACHE_SUBDIR / key / rank_dir_name()])
+
+
+def open_store(config: CompilationConfig, device_type: str, paths: list[str],
+               modules: list[str] | None = None) -> ArtifactStore | NoStore:
+    """The cache entry for a graph that traced the source files `paths`; `NoStore` (compile, save nothing) when
+    the cache is off, or when the root is unusable or untrusted, with one warning that names the root's setting
+    and the fix. `modules` (the traced modules' names) lets a saved trace find their files in a later process."""
+    root = open_root(config)
+    if isinstance(root, NoStore):
+        return root
+    fmt = save_format(config)
+    kernel_root = root if _USER_INDUCTOR_CACHE_DIR is None else None
+    key, factors = entry_key(config, device_type, paths)
     directory = root / CACHE_SUBDIR / key / rank_dir_name()
-    untrusted = _trust_problem([root / CACHE_SUBDIR / key, directory])
+    untrusted = untrusted_entry(root, key)
     if untrusted:
         return _without_cache(config, f"{untrusted[0]} {untrusted[1]}", "remove that entry, or set "
                               "VGC_CACHE_TRUST=any to load from it anyway")
@@ -140,7 +164,8 @@ def open_store(config: CompilationConfig, device_type: str, code_objects) -> Art
                               "point it at a writable directory with free space")
     try:
         # Paths are kept beside the key (never in it) so that `vgc cache why-miss` can re-hash the sources.
-        store.write_factors({"hash": key, "factors": factors, "source_paths": paths})
+        manifest = {"hash": key, "factors": factors, "source_paths": paths}
+        store.write_factors(manifest if modules is None else {**manifest, "source_modules": modules})
     except OSError as e:
         store.saving = False
         warn_once(f"factors:{directory}", "cache: cannot write under %s (%s); loading what is there, saving nothing",

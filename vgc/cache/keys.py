@@ -105,6 +105,20 @@ def traced_source_files(code_objects: Iterable) -> list[str]:
     return sorted(p for p in files if os.path.isfile(p) and not p.startswith(_TORCH_DIR + os.sep))
 
 
+def module_source_files(module_names: Iterable[str]) -> list[str] | None:
+    """`traced_source_files` for a program that names the modules it traced; None when one of them has no file
+    (it cannot be hashed, so the program cannot be keyed)."""
+    import sys
+
+    paths = set()
+    for name in module_names:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path is None:
+            return None
+        paths.add(os.path.abspath(path))
+    return sorted(p for p in paths if not p.startswith(_TORCH_DIR + os.sep))
+
+
 def source_factors(paths: Iterable[str]) -> list[list[str]]:
     """[file name, content hash] per traced file: contents, never paths, enter the key."""
     return sorted([os.path.basename(p), _file_digest(p)] for p in paths)

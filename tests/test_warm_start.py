@@ -1,0 +1,172 @@
+"""Warm starts from a saved trace: no Dynamo trace and no Inductor call, and every way a saved trace can be wrong
+(an edited model, a cut-short file, another model state, a moved root) falls back to a trace with the right answer."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import vgc
+from vgc.cache import saved_traces
+from vgc.models import llama
+from conftest import FP32_TOL
+
+WORKER = str(Path(__file__).with_name("warm_worker.py"))
+
+# A user's model in its own file, so that a test can edit its source between processes. It splits at SDPA.
+MODEL_SOURCE = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+
+    SCALE = 2.0
+
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.qkv = torch.nn.Linear(16, 48)
+            self.out = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(1, x.shape[0], 3, 2, 8).unbind(2)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            return self.out(y.transpose(1, 2).reshape(x.shape[0], 16)) * SCALE + x
+
+
+    def build():
+        return Block().eval()
+
+
+    def inputs(n):
+        torch.manual_seed(n)
+        return (torch.randn(n, 16),)
+''')
+SDPA_SPLIT = json.dumps({"splitting_ops": ["aten::scaled_dot_product_attention"]})
+
+
+def run_worker(root, model_file=None):
+    env = dict(os.environ, VGC_CACHE_ROOT=str(root))
+    cmd = [sys.executable, WORKER] + (["--model-file", str(model_file)] if model_file else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
+                          cwd=os.path.dirname(WORKER))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def trace_files(root):
+    return sorted(Path(root).glob(f"torch_compile_cache/*/rank_0_0/{saved_traces.PREFIX}*"))
+
+
+@pytest.fixture(scope="module")
+def user_model(tmp_path_factory):
+    """(root, model file, cold report, warm report) for the user's SDPA model."""
+    work = tmp_path_factory.mktemp("warm")
+    model_file = work / "user_model.py"
+    model_file.write_text(MODEL_SOURCE)
+    root = work / "root"
+    cold = run_worker(root, model_file)
+    warm = run_worker(root, model_file)
+    return root, model_file, cold, warm
+
+
+def test_warm_process_makes_no_trace_and_no_inductor_call(user_model):
+    _, _, cold, warm = user_model
+    assert cold["trace_source"] == "traced" and cold["counters"]["traces_saved"] == 1
+    assert cold["counters"]["inductor_compiles"] > 0
+    assert warm["trace_source"] == "saved"
+    assert warm["counters"]["dynamo_traces"] == 0 and warm["counters"]["inductor_compiles"] == 0
+    assert warm["counters"]["traces_loaded"] == 1
+    assert warm["counters"]["artifacts_loaded"] == cold["counters"]["artifacts_saved"]
+    assert cold["max_diff"] < 1e-4 and warm["max_diff"] < 1e-4   # against eager, sizes 1, 3, 16, 21
+    assert not warm["warnings"]
+
+
+def test_edited_model_source_misses_and_is_correct(user_model, tmp_path):
+    root, model_file, _, _ = user_model
+    copy, edited = tmp_path / "root", tmp_path / "user_model.py"
+    shutil.copytree(root, copy)
+    edited.write_text(MODEL_SOURCE.replace("SCALE = 2.0", "SCALE = 3.0"))   # changes no graph op's input
+    result = run_worker(copy, edited)
+    assert result["trace_source"] == "traced" and result["counters"]["dynamo_traces"] == 1
+    assert result["max_diff"] < 1e-4   # eager runs the edited code too: 3.0, not the saved trace's 2.0
+    assert len(trace_files(copy)) == 2   # the old entry keeps its trace; the new entry has its own
+
+
+def test_cut_short_trace_warns_traces_again_and_is_correct(user_model, tmp_path):
+    root, model_file, _, _ = user_model
+    copy = tmp_path / "root"
+    shutil.copytree(root, copy)
+    (trace,) = trace_files(copy)
+    trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
+    assert saved_traces.problem(trace) is not None
+    result = run_worker(copy, model_file)
+    assert result["trace_source"] == "traced" and result["counters"]["inductor_compiles"] == 0
+    assert any("saved trace" in w and "unusable" in w for w in result["warnings"])
+    assert result["max_diff"] < 1e-4
+    assert saved_traces.problem(trace) is None   # rewritten whole by the trace
+    assert run_worker(copy, model_file)["trace_source"] == "saved"
+
+
+def test_relocated_root_still_loads_the_trace(user_model, tmp_path):
+    root, model_file, _, _ = user_model
+    moved = tmp_path / "moved"
+    shutil.copytree(root, moved)
+    result = run_worker(moved, model_file)
+    assert result["trace_source"] == "saved"
+    assert result["counters"]["dynamo_traces"] == 0 and result["counters"]["inductor_compiles"] == 0
+    assert result["max_diff"] < 1e-4
+
+
+def test_same_process_second_model_loads_the_trace(tmp_path, monkeypatch):
+    """A second `vgc.compile` of the same model in one process loads the saved trace too; another model state
+    (an attribute the trace read) is refused by the saved guards and traced."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    cfg = llama.tiny_config()
+    first = vgc.compile(llama.Llama(cfg))
+    first.warmup(lambda n: llama.make_batch(cfg, n))
+    assert first.trace_source == "traced"
+
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, traces_loaded=1):
+        second = vgc.compile(llama.Llama(cfg))
+        second.warmup(lambda n: llama.make_batch(cfg, n))
+    assert second.trace_source == "saved"
+
+    other_eps = llama.Llama(cfg)
+    other_eps.norm.eps = 1e-2   # baked into the graph as a constant: the saved program would be wrong
+    third = vgc.compile(other_eps)
+    with vgc.counters.expect(dynamo_traces=1, traces_loaded=0):
+        third.warmup(lambda n: llama.make_batch(cfg, n))
+    assert third.trace_source == "traced"
+    with torch.no_grad():
+        for model, compiled in ((other_eps, third), (llama.Llama(cfg), second)):
+            batch = llama.make_batch(cfg, 7)
+            torch.testing.assert_close(compiled(**batch), model(**llama.make_batch(cfg, 7)), **FP32_TOL)
+
+
+class Affine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+
+
+def test_a_call_other_than_the_traced_kind_traces(tmp_path, monkeypatch):
+    """The saved trace is found by the input contract: another dtype is another trace, never a wrong load."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    model = Affine()
+    vgc.compile(model)(torch.randn(4, 8))
+    as_double = vgc.compile(model.double())
+    x = torch.randn(4, 8, dtype=torch.float64)
+    out = as_double(x)
+    assert as_double.trace_source == "traced"
+    torch.testing.assert_close(out, model(x))
+    assert len(trace_files(tmp_path / "root")) == 2

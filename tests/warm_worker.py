@@ -1,0 +1,56 @@
+"""A fresh process for the warm-start tests: compile a model with `vgc.compile`, warm it up, compare with eager and
+report as JSON. The model comes from a file (`--model-file`, defining `build()` and `inputs(n)`) or is the tiny
+reference decoder.
+
+usage: python warm_worker.py [--model-file PATH]   (the cache root comes from VGC_CACHE_ROOT)
+"""
+
+import argparse
+import importlib.util
+import json
+import sys
+
+import torch
+
+import vgc
+from cache_worker import WarningRecorder
+
+
+def load_model_file(path: str):
+    spec = importlib.util.spec_from_file_location("warm_model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["warm_model"] = module   # Dynamo's trace names the module; its source is keyed by file
+    spec.loader.exec_module(module)
+    return module.build(), module.inputs
+
+
+def tiny_decoder():
+    from vgc.models import llama
+
+    cfg = llama.tiny_config()
+    return llama.Llama(cfg), lambda n: llama.make_batch(cfg, n, "prefill")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-file")
+    args = parser.parse_args()
+    warnings = WarningRecorder()
+    import logging
+    logging.getLogger("vgc").addHandler(warnings)
+    model, inputs = load_model_file(args.model_file) if args.model_file else tiny_decoder()
+    compiled = vgc.compile(model)
+    report = compiled.warmup(inputs)
+    max_diff = 0.0
+    with torch.no_grad():
+        for n in (1, 3, 16, 21):
+            batch = inputs(n)
+            eager = model(**batch) if isinstance(batch, dict) else model(*batch)
+            out = compiled(**batch) if isinstance(batch, dict) else compiled(*batch)
+            max_diff = max(max_diff, (out - eager).abs().max().item())
+    print(json.dumps({"counters": vgc.counters.as_dict(), "trace_source": compiled.trace_source,
+                      "max_diff": max_diff, "seconds": report["seconds"], "warnings": warnings.messages}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

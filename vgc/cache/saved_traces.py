@@ -1,0 +1,133 @@
+"""Saved traces: the program Dynamo captured for a `vgc.compile` model, kept in its cache entry beside the
+artifacts, so that a warm start loads it instead of tracing.
+
+A trace file is `trace-<identity>.bin` in a rank directory. The identity names the model's forward and the input
+contract it was traced for (argument kinds, dtypes, static sizes, dynamic dims, shape mode); the entry it lies in
+is keyed, like every entry, by the config, the environment and the contents of every source file the trace read.
+A start finds the files of its identity, re-hashes the sources each entry recorded, and uses only a file whose
+entry key still matches: an edited model, another config or another torch is a miss, as for artifacts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from vgc.cache.entry import entry_key, rank_dir_name, untrusted_entry
+from vgc.cache.inventory import CACHE_SUBDIR
+from vgc.cache.keys import module_source_files
+from vgc.cache.store import FACTORS_FILE, atomic_write
+from vgc.config import CompilationConfig
+
+logger = logging.getLogger("vgc")
+
+MAGIC = b"vgc saved trace 1\n"
+PREFIX, SUFFIX = "trace-", ".bin"
+
+
+class DamagedTrace(ValueError):
+    """A trace file that is not whole: its header or content hash is wrong."""
+
+
+def identity(forward: Callable, contract: Any) -> str:
+    """16 hex digits naming a model's forward and the input contract it is traced for (`contract`: any value with
+    a stable repr, e.g. the argument specs, dynamic dims and shape mode)."""
+    name = f"{getattr(forward, '__module__', '?')}.{getattr(forward, '__qualname__', repr(forward))}"
+    return hashlib.sha256(repr((name, contract)).encode()).hexdigest()[:16]
+
+
+def file_name(trace_identity: str) -> str:
+    return f"{PREFIX}{trace_identity}{SUFFIX}"
+
+
+@dataclass
+class Found:
+    path: Path                 # the trace file
+    entry: str                 # its entry's key
+    source_paths: list[str]    # the files the trace read, as this process finds them
+    source_modules: list[str]  # their modules' names ([] for an entry that recorded paths only)
+
+
+def find(root: Path, config: CompilationConfig, device_type: str, trace_identity: str) -> tuple[Found | None,
+                                                                                                  list[str]]:
+    """The usable saved trace of this identity under `root`, newest first, and why each other one is not."""
+    reasons = []
+    rank = rank_dir_name()
+    try:
+        candidates = sorted((root / CACHE_SUBDIR).glob(f"*/{rank}/{file_name(trace_identity)}"),
+                            key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError as e:
+        return None, [f"cannot list {root / CACHE_SUBDIR} ({e.strerror or e})"]
+    for path in candidates:
+        entry = path.parent.parent.name
+        sources = current_sources(path.parent)
+        problem = sources if isinstance(sources, str) else stale_reason(entry, config, device_type, sources[0])
+        if problem is None:
+            untrusted = untrusted_entry(root, entry)
+            if untrusted is None:
+                return Found(path, entry, *sources), reasons
+            problem = f"{untrusted[0]} {untrusted[1]}"
+        reasons.append(f"{path}: {problem}")
+    return None, reasons
+
+
+def current_sources(rank_dir: Path) -> tuple[list[str], list[str]] | str:
+    """(files, module names) the entry's trace read, as this process finds them: each traced module's file as
+    imported now (an edited copy elsewhere counts, not the file the trace read), else the recorded paths. A string
+    says why they cannot be found."""
+    try:
+        manifest = json.loads((rank_dir / FACTORS_FILE).read_text())
+        paths, modules = manifest.get("source_paths"), manifest.get("source_modules")
+    except (OSError, ValueError, AttributeError):
+        return f"{FACTORS_FILE} is missing or damaged, so the trace's sources cannot be checked"
+    if isinstance(modules, list) and all(isinstance(m, str) for m in modules):
+        found = module_source_files(modules)
+        if found is None:
+            return "a module the trace read is not imported in this process"
+        return found, modules
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return f"{FACTORS_FILE} records no source files"
+    gone = [p for p in paths if not os.path.isfile(p)]
+    return f"the traced source file {gone[0]} is gone" if gone else (paths, [])
+
+
+def stale_reason(entry: str, config: CompilationConfig, device_type: str, paths: list[str]) -> str | None:
+    """Why a trace saved in `entry` no longer describes the current program (None: it still does)."""
+    key, _ = entry_key(config, device_type, paths)
+    if key != entry:
+        return f"its entry key is now {key}: a traced source file, the config or the environment changed " \
+               "(`vgc cache why-miss --entry` names which)"
+    return None
+
+
+def read(path: Path) -> bytes:
+    """The program bytes of a trace file; `DamagedTrace` when the file is cut short or altered."""
+    data = path.read_bytes()
+    if not data.startswith(MAGIC):
+        raise DamagedTrace(f"{path} does not start with vgc's trace header")
+    digest, _, payload = data[len(MAGIC):].partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        raise DamagedTrace(f"{path} fails its content hash (cut short or altered)")
+    return payload
+
+
+def problem(path: Path) -> str | None:
+    """What is wrong with a trace file, for `vgc cache verify`; None when it is whole."""
+    try:
+        read(path)
+    except DamagedTrace as e:
+        return str(e).replace(f"{path} ", "", 1)
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    return None
+
+
+def save(directory: Path, trace_identity: str, program: bytes) -> Path:
+    path = directory / file_name(trace_identity)
+    atomic_write(path, MAGIC + hashlib.sha256(program).hexdigest().encode() + b"\n" + program)
+    return path

@@ -1,0 +1,186 @@
+"""How a `vgc.compile` model gets its one trace: loaded from the cache (no Dynamo, no Inductor), else captured with
+torch's AOT precompile, built and saved beside its artifacts, else (a model a saved trace cannot serve) traced
+live through Dynamo as before.
+
+A saved trace is used only when it still describes the program: its entry key matches the current sources, config
+and environment (`saved_traces.find`), the call meets the input contract and size assumptions it was traced with,
+and the model's own state (attribute values, weight dtypes and shapes) passes the guards Dynamo saved for it. Any
+other case traces; a damaged or stale file is a warning and a trace, never an error or a wrong answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import time
+from typing import Any, Callable
+
+import torch
+
+from vgc import _compat
+from vgc.cache import debug_files, saved_traces
+from vgc.cache.entry import open_root, open_store
+from vgc.cache.keys import module_source_files
+from vgc.cache.store import NoStore, warn_once
+from vgc.counters import counters
+from vgc.graph_plan import MissingArtifact, SavedGraph
+from vgc.guards import InputMismatchError
+
+logger = logging.getLogger("vgc")
+
+
+class TraceSession:
+    """One `CompiledModel`'s first call: `load()` a saved trace, else `trace()`. Both return the callable that runs
+    the traced program with the model's own arguments; `trace()` also returns the first output when the trace
+    ran the call (a live trace does), else None."""
+
+    def __init__(self, owner, arguments: dict[str, Any], device_type: str, contract: tuple):
+        self.owner = owner
+        self.config = owner.config
+        self.backend = owner.backend
+        self.model = owner.model
+        self.forward = owner._forward
+        self.arguments = arguments
+        self.device_type = device_type
+        self.specs, self.dynamic, _ = contract
+        self.identity = saved_traces.identity(self.forward, contract)
+        self.seconds: dict[str, float] = {}
+
+    # ---- whether a saved trace can serve this model ----
+    def _unsupported(self) -> str | None:
+        if not _compat.aot_precompile_available():
+            return f"torch {torch.__version__} cannot save a Dynamo trace"
+        if _compat.has_module_hooks(self.model):
+            return "the model has forward hooks, which a saved trace of its forward would skip"
+        function = getattr(self.forward, "__func__", self.forward)
+        if not inspect.isfunction(function):
+            return f"its forward is a {type(function).__name__}, not a Python function"
+        return None
+
+    def _runner(self, program) -> Callable:
+        bound = getattr(self.forward, "__self__", None)
+        return functools.partial(program, bound) if bound is not None else program
+
+    # ---- a warm start ----
+    def load(self, args: tuple, kwargs: dict) -> Callable | None:
+        if self._unsupported() is not None:
+            return None
+        root = open_root(self.config)
+        if isinstance(root, NoStore):
+            return None
+        start = time.perf_counter()
+        found, stale = saved_traces.find(root, self.config, self.device_type, self.identity)
+        for reason in stale:
+            logger.info("saved trace not used: %s", reason)
+        if found is None:
+            return None
+        try:
+            program = _compat.aot_program_load(saved_traces.read(found.path), getattr(self.forward, "__globals__",
+                                                                                    None))
+            saved = _compat.aot_backend_result(program)
+            if not isinstance(saved, SavedGraph):
+                raise saved_traces.DamagedTrace(f"it holds a {type(saved).__name__}, not a vgc graph")
+        except Exception as e:   # cut short, altered, or written by another torch: trace instead
+            warn_once(f"trace:{found.path}", "saved trace %s is unusable (%s: %s); tracing again", found.path,
+                      type(e).__name__, e)
+            counters.add(cache_corrupt=1)
+            return None
+        self.seconds["load_trace"] = time.perf_counter() - start
+        refusal = self._refusal(program, saved, args, kwargs)
+        if refusal is not None:
+            logger.info("saved trace %s not used: %s; tracing", found.path, refusal)
+            return None
+        start = time.perf_counter()
+        store = open_store(self.config, self.device_type, found.source_paths, found.source_modules)
+        try:
+            saved.build(self.backend, store)
+        except MissingArtifact as e:
+            logger.warning("vgc: %s; tracing and compiling again", e)
+            return None
+        self.seconds["load_artifacts"] = time.perf_counter() - start
+        _compat.aot_skip_guards(program)
+        self.backend.counters.add(traces_loaded=1)
+        self.owner.trace_source = "saved"
+        return self._runner(program)
+
+    def _refusal(self, program, saved: SavedGraph, args: tuple, kwargs: dict) -> str | None:
+        """Why this call must not run the saved program: a size assumption it breaks, or model state that differs
+        from the traced model's (a changed attribute, dtype or weight shape)."""
+        from vgc.contract import InputContract   # contract imports guards, which this module's callers import
+
+        plan = saved.plan
+        try:
+            InputContract(self.owner._signature, self.arguments, self.specs, self.dynamic, plan.shape_guards,
+                          plan.compiler_guards).check(self.arguments)
+        except InputMismatchError as e:
+            return f"this call breaks an assumption of the saved trace ({e})"
+        bound = getattr(self.forward, "__self__", None)
+        with torch.no_grad():
+            failure = _compat.aot_guard_failure(program, ((bound,) if bound is not None else ()) + tuple(args),
+                                                kwargs)
+        return None if failure is None else f"the model differs from the traced one: {failure}"
+
+    # ---- a cold start ----
+    def trace(self, args: tuple, kwargs: dict) -> tuple[Callable, Any]:
+        reason = self._unsupported()
+        if reason is None:
+            try:
+                return self._capture(args, kwargs), None
+            except MissingArtifact:
+                raise
+            except Exception as e:   # torch could not capture or save this program: Dynamo's own entry still can
+                if self.backend.graphs:
+                    raise
+                reason = f"{type(e).__name__}: {e}"
+        logger.info("trace not saved (%s); tracing through Dynamo's entry", reason)
+        start = time.perf_counter()
+        run, out = self.owner._live_trace(args, kwargs)
+        self.seconds["trace_and_compile"] = time.perf_counter() - start
+        self.owner.trace_source = "traced-live"
+        return run, out
+
+    def _capture(self, args: tuple, kwargs: dict) -> Callable:
+        mode = self.config.dynamic_shapes_config.type
+        start = time.perf_counter()
+        self.backend.defer_build = True
+        try:
+            with self.owner._tracing_scope(mode):
+                program = _compat.aot_capture(self.forward, self.backend, args, kwargs,
+                                              _compat.model_state_guard_filter(set(self.arguments)))
+        finally:
+            self.backend.defer_build = False
+        function = getattr(self.forward, "__func__", self.forward)
+        if _compat.aot_signature(program) != inspect.signature(function):   # e.g. a decorated forward
+            raise RuntimeError(f"the captured program takes {_compat.aot_signature(program)}, not the forward's "
+                               f"{inspect.signature(function)}")
+        saved = _compat.aot_backend_result(program)
+        modules = _compat.aot_source_modules(program)
+        paths = module_source_files(modules)
+        if paths is None:
+            raise RuntimeError("a module the trace read has no source file to key the cache by")
+        self.seconds["trace"] = time.perf_counter() - start
+        start = time.perf_counter()
+        store = open_store(self.config, self.device_type, paths, modules)
+        with self.owner._tracing_scope(mode):
+            saved.build(self.backend, store)
+        self.seconds["compile_or_load"] = time.perf_counter() - start
+        self._save(program, store)
+        _compat.aot_skip_guards(program)
+        self.owner.trace_source = "traced"
+        return self._runner(program)
+
+    def _save(self, program, store) -> None:
+        if store.directory is None or not store.saving:
+            return
+        start = time.perf_counter()
+        try:
+            path = saved_traces.save(store.directory, self.identity, _compat.aot_program_bytes(program))
+        except Exception as e:   # the model still runs; the next start traces again
+            warn_once(f"save-trace:{store.directory}", "could not save the trace under %s (%s: %s); the next start "
+                      "traces again", store.directory, type(e).__name__, e)
+            return
+        self.backend.counters.add(traces_saved=1)
+        debug_files.write_transformed_code(store, *_compat.aot_bytecode(program))
+        self.seconds["save_trace"] = time.perf_counter() - start
+        logger.info("saved the trace to %s", path)
