@@ -1,6 +1,7 @@
 """Warm starts from a saved trace: no Dynamo trace and no Inductor call, and every way a saved trace can be wrong
 (an edited model, a cut-short file, another model state, a moved root) falls back to a trace with the right answer."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -54,8 +55,7 @@ SDPA_SPLIT = json.dumps({"splitting_ops": ["aten::scaled_dot_product_attention"]
 def run_worker(root, model_file=None):
     env = dict(os.environ, VGC_CACHE_ROOT=str(root))
     cmd = [sys.executable, WORKER] + (["--model-file", str(model_file)] if model_file else [])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                          cwd=os.path.dirname(WORKER))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -144,8 +144,12 @@ def test_same_process_second_model_loads_the_trace(tmp_path, monkeypatch):
     with vgc.counters.expect(dynamo_traces=1, traces_loaded=0):
         third.warmup(lambda n: llama.make_batch(cfg, n))
     assert third.trace_source == "traced"
+    wider = llama.Llama(dataclasses.replace(cfg, intermediate_size=2 * cfg.intermediate_size))
+    fourth = vgc.compile(wider)
+    with vgc.counters.expect(dynamo_traces=1, traces_loaded=0):   # same code and inputs, other weight shapes
+        fourth.warmup(lambda n: llama.make_batch(cfg, n))
     with torch.no_grad():
-        for model, compiled in ((other_eps, third), (llama.Llama(cfg), second)):
+        for model, compiled in ((other_eps, third), (llama.Llama(cfg), second), (wider, fourth)):
             batch = llama.make_batch(cfg, 7)
             torch.testing.assert_close(compiled(**batch), model(**llama.make_batch(cfg, 7)), **FP32_TOL)
 

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import re
+import sys
 from typing import Any, Callable
 
 import sympy
@@ -325,9 +326,37 @@ def through_dynamo(exc: Exception) -> Exception:
 
 def placeholder_source_name(node: fx.Node) -> str:
     """Where Dynamo read a graph input from, e.g. "L['self']._modules['lin']._parameters['weight']", or "" when
-    unknown. Dynamo keeps it in the placeholder's private `grapharg` metadata."""
+    unknown. Dynamo keeps it in the placeholder's private `grapharg` metadata; a graph captured ahead of time has
+    none, and then the name is recovered from the placeholder's name, which Dynamo derives from the source: exactly
+    for the model's weights and buffers (the graph module maps them to their sources), and as `L['<name>']` for
+    an argument (a nested one, `L['kv'][0]`, reads `L['kv_0']`)."""
     source = getattr(node.meta.get("grapharg"), "source", None)
-    return source_name(source) if source is not None else ""
+    if source is not None:
+        return source_name(source)
+    if node.op != "placeholder":
+        return ""
+    state = _state_sources(node.graph.owning_module)
+    if node.name in state:
+        return state[node.name]
+    match = re.fullmatch(r"l_(\w+?)_", node.name)
+    return f"L['{match[1]}']" if match else ""
+
+
+def _placeholder_name(source: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9]+", "_", source).lower()
+
+
+def _state_sources(gm) -> dict[str, str]:
+    """Placeholder name -> source name (`L['self']._modules['lin']._parameters['weight']`) of every weight and
+    buffer of a Dynamo graph module, from its private `_param_name_to_source` (keyed `self.lin.weight`)."""
+    found = {}
+    for fqn in getattr(gm, "_param_name_to_source", None) or {}:
+        root, *modules, leaf = fqn.split(".")
+        path = f"L['{root}']" + "".join(f"._modules['{m}']" for m in modules)
+        for kind in ("_parameters", "_buffers"):
+            source = f"{path}.{kind}['{leaf}']"
+            found[_placeholder_name(source)] = source
+    return found
 
 
 def fake_inputs(fake_mode, inputs: list) -> list:
@@ -508,15 +537,16 @@ _GUARD_ROOT = re.compile(r"[A-Za-z_]\w*")
 
 def model_state_guard_filter(argument_names: set[str]) -> Callable:
     """A `guard_filter_fn` for a saved program: keep the serializable guards on the model's own state (its
-    attributes' values, its weights' dtypes and shapes) and drop those on the call's arguments (vgc's input
-    contract checks them), on globals and on sizes."""
+    attributes' values, hooks, global torch state) and drop those on the call's arguments (vgc's input contract
+    checks them), on globals and on sizes."""
     from torch._dynamo.guards import CheckFunctionManager
 
     # Identity guards name objects of this process (a module, a function, a local class): they cannot be saved.
     # Type and attribute-lookup guards are left out too: the source hash of the entry already pins the classes'
-    # code, and rebuilding a hundred type guards costs a warm start about a second.
+    # code, and rebuilding a hundred type guards costs a warm start about a second. Weights' dtypes and shapes are
+    # checked by vgc (`guards.state_mismatch`), in a millisecond instead of Dynamo's tensor guards' 0.4 s.
     unsupported = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())) | {
-        "SHAPE_ENV", "TYPE_MATCH", "NOT_PRESENT_IN_GENERIC_DICT", "DICT_NOT_CONTAINS"}
+        "SHAPE_ENV", "TYPE_MATCH", "NOT_PRESENT_IN_GENERIC_DICT", "DICT_NOT_CONTAINS", "TENSOR_MATCH"}
 
     def keep(entries) -> list[bool]:
         kept = []
@@ -536,3 +566,44 @@ def has_module_hooks(model) -> bool:
     return isinstance(model, torch.nn.Module) and bool(
         model._forward_hooks or model._forward_pre_hooks or modules._global_forward_hooks
         or modules._global_forward_pre_hooks)
+
+
+# ---- Inductor's CPU ISA probe ---------------------------------------------------------------------------------------
+
+@functools.cache
+def remember_cpu_isa_probes() -> None:
+    """Every process that compiles or loads CPU kernels runs Inductor's vector-ISA probe: a subprocess per ISA
+    that `dlopen`s a test library (about 1.5 s in all, most of a warm start on CPU). Its answer depends only on
+    that library and this machine, so a success is recorded beside the library, under a fingerprint of the CPU
+    and torch, and the next process skips the subprocess. A library copied to another machine never matches."""
+    import hashlib
+    import os
+    import platform
+
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    probe = getattr(VecISA, "_probe_load", None)
+    if probe is None:   # torch before 2.13 probes in-process
+        return
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = sorted({line for line in f if line.startswith(("flags", "model name", "Features"))})
+    except OSError:
+        return   # no fingerprint, no memory: Inductor probes as usual
+    fingerprint = hashlib.sha256(repr((cpu, platform.machine(), torch.__version__, sys.executable)).encode())
+    marker_suffix = f".vgc-loads-{fingerprint.hexdigest()[:16]}"
+
+    def probe_load(self, output_path: str) -> bool:
+        marker = output_path + marker_suffix
+        if os.path.isfile(output_path) and os.path.isfile(marker):
+            return True
+        loaded = probe(self, output_path)
+        if loaded:
+            try:
+                with open(marker, "w") as f:
+                    f.write("dlopen ok\n")
+            except OSError:
+                pass   # an unwritable cache only costs the next process the probe
+        return loaded
+
+    VecISA._probe_load = probe_load

@@ -22,7 +22,7 @@ from vgc.counters import Counters, counters
 from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
-from vgc.guards import snapshot_shape_guards
+from vgc.guards import StateTensor, snapshot_shape_guards
 from vgc.piecewise import CompiledPiece
 from vgc.split import Piece, attention_like_ops, check_splitting_ops, split_graph
 
@@ -280,12 +280,18 @@ class VgcBackend:
                     single=not _compat.graph_returns_tuple(piece.module),
                     module_state=tuple(module_state[piece.name]), mutated=frozenset(mutated_inputs(piece.module)),
                     module=piece.module, example_inputs=inputs))
+        state = []
+        for node, value in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs):
+            source = _compat.placeholder_source_name(node)
+            if isinstance(value, torch.Tensor) and source.startswith("L['self']") and \
+                    all(isinstance(d, int) for d in value.shape):
+                state.append(StateTensor(source, value.dtype, tuple(value.shape), str(value.device)))
         return GraphPlan(split_gm, pieces, plans, _compat.device_from_inputs(example_inputs).type,
                          snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)),
                          # An id outside an embedding table aborts the compiled CPU kernel (eager raises
                          # IndexError): check first.
                          input_check=request_checks.checker_for(gm, example_inputs), example_inputs=example_inputs,
-                         seconds={"split": time.perf_counter() - start})
+                         seconds={"split": time.perf_counter() - start}, state_tensors=state)
 
     def build(self, plan: GraphPlan, store) -> Callable:
         """Compile or load every piece of `plan` and assemble the forward. A plan rebuilt from a saved trace only

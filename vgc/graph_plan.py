@@ -56,6 +56,7 @@ class GraphPlan:
     example_inputs: list | None = field(default=None, repr=False)   # Dynamo's fake inputs (traced plans only)
     seconds: dict[str, float] = field(default_factory=dict)
     saved_split: bytes | None = field(default=None, repr=False)   # the split graph, pickled before any piece ran
+    state_tensors: list = field(default_factory=list)   # guards.StateTensor: the model's weights as traced
 
     @property
     def traced(self) -> bool:
@@ -92,6 +93,7 @@ class GraphPlan:
             "shape_guards": self.shape_guards,
             "compiler_guards": self.compiler_guards,
             "input_check": self.input_check,
+            "state_tensors": self.state_tensors,
         }
 
     @classmethod
@@ -103,7 +105,7 @@ class GraphPlan:
         modules = {p.name: p.module for p in pieces}
         plans = [replace(p, module=modules[p.name]) if p.splitting else p for p in state["plans"]]
         return cls(split_gm, pieces, plans, state["device_type"], state["shape_guards"], state["input_check"],
-                   state["compiler_guards"])
+                   state["compiler_guards"], state_tensors=state["state_tensors"])
 
 
 class SavedGraph(_compat.SerializableCallable):

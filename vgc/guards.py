@@ -253,6 +253,51 @@ def parse_size_source(source: str) -> SizeLocation | None:
     return None if size is None else (arg, tuple(steps), int(size[1]))
 
 
+@dataclass(frozen=True)
+class StateTensor:
+    """A tensor of the model's own state (a weight or buffer) as the trace saw it; a saved trace holds only for a
+    model whose tensor at `source` has this dtype, shape and device."""
+    source: str                 # Dynamo's name for it, e.g. "L['self']._modules['lin']._parameters['weight']"
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    device: str
+
+
+def resolve_source(source: str, roots: dict[str, Any]) -> Any:
+    """The object Dynamo's source name `L['<root>']...` names, read from `roots`; raises LookupError when the path
+    does not exist (or is not a chain of items and attributes)."""
+    match = _SOURCE_ARGUMENT.match(source)
+    if match is None or match[1] not in roots:
+        raise LookupError(f"{source}: not rooted at one of {sorted(roots)}")
+    value, position = roots[match[1]], match.end()
+    while position < len(source):
+        step = _SOURCE_STEP.match(source, position)
+        if step is None:
+            raise LookupError(f"{source}: cannot follow {source[position:]!r}")
+        index, key, attribute = step.groups()
+        try:
+            value = value[int(index)] if index is not None else value[key] if key is not None else \
+                getattr(value, attribute)
+        except (KeyError, IndexError, AttributeError, TypeError) as e:
+            raise LookupError(f"{source}: {type(e).__name__} at {step[0]!r}") from e
+        position = step.end()
+    return value
+
+
+def state_mismatch(expected: list[StateTensor], roots: dict[str, Any]) -> str | None:
+    """What differs between the model's tensors and those a trace was made with (None: nothing)."""
+    for spec in expected:
+        try:
+            value = resolve_source(spec.source, roots)
+        except LookupError as e:
+            return f"the model has no tensor at {e}"
+        if not isinstance(value, torch.Tensor):
+            return f"{spec.source} is {describe(value)}, not a tensor"
+        if (value.dtype, tuple(value.shape), str(value.device)) != (spec.dtype, spec.shape, spec.device):
+            return f"{spec.source} is {describe(value)}; the trace had {spec.dtype} {spec.shape} on {spec.device}"
+    return None
+
+
 def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.Symbol, str]]]:
     """Dynamo's shape guards so far (before Inductor adds its own), with each symbol's source name."""
     sources = _compat.symbol_sources(fake_mode)

@@ -25,7 +25,7 @@ from vgc.cache.keys import module_source_files
 from vgc.cache.store import NoStore, warn_once
 from vgc.counters import counters
 from vgc.graph_plan import MissingArtifact, SavedGraph
-from vgc.guards import InputMismatchError
+from vgc.guards import InputMismatchError, state_mismatch
 
 logger = logging.getLogger("vgc")
 
@@ -116,6 +116,9 @@ class TraceSession:
         except InputMismatchError as e:
             return f"this call breaks an assumption of the saved trace ({e})"
         bound = getattr(self.forward, "__self__", None)
+        mismatch = state_mismatch(plan.state_tensors, {"self": bound})
+        if mismatch is not None:
+            return f"the model differs from the traced one: {mismatch}"
         with torch.no_grad():
             failure = _compat.aot_guard_failure(program, ((bound,) if bound is not None else ()) + tuple(args),
                                                 kwargs)

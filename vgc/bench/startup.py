@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.cudagraph_mode}; every cache starts empty in:")
     for name, path in cache_dirs(root).items():
         print(f"  {name}={path}")
+    if sys.dont_write_bytecode:
+        print("note: Python writes no bytecode here (PYTHONDONTWRITEBYTECODE), so every process compiles the source "
+              "of the torch modules it imports; an installed torch has its .pyc files")
     print(f"  TORCHINDUCTOR_CACHE_DIR={os.path.join(cache_dirs(root)['VGC_CACHE_ROOT'], 'inductor_cache')}")
     cold = _run_child(model_name, device, args.cudagraph_mode, root)
     warms = [_run_child(model_name, device, args.cudagraph_mode, root) for _ in range(args.warm_runs)]

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from vgc import envs
+from vgc import _compat, envs
 from vgc.cache.inventory import CACHE_SUBDIR, closest_entry
 from vgc.cache.keys import cache_key, environment_factors, source_factors
 from vgc.cache import recovery
@@ -120,6 +120,7 @@ def open_root(config: CompilationConfig) -> Path | NoStore:
     try:
         # first: computing the key already probes the CPU ISA into Inductor's cache
         kernel_root = _use_inductor_cache_under(root)
+        _compat.remember_cpu_isa_probes()
         if kernel_root is not None and kernel_root not in _prepared_roots:
             # a kernel half-written by a killed compile fails every later start; once per process is enough
             recovery.remove_damaged_kernels(kernel_root)
