@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import vgc
-from vgc.cache import saved_traces
+from vgc.cache import inventory, saved_traces
+from vgc.cli import main as vgc_main
 from vgc.models import llama
 from conftest import FP32_TOL
 
@@ -99,18 +100,21 @@ def test_edited_model_source_misses_and_is_correct(user_model, tmp_path):
     assert len(trace_files(copy)) == 2   # the old entry keeps its trace; the new entry has its own
 
 
-def test_cut_short_trace_warns_traces_again_and_is_correct(user_model, tmp_path):
+def test_cut_short_trace_warns_traces_again_and_is_correct(user_model, tmp_path, capsys):
     root, model_file, _, _ = user_model
     copy = tmp_path / "root"
     shutil.copytree(root, copy)
     (trace,) = trace_files(copy)
     trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
-    assert saved_traces.problem(trace) is not None
+    assert [path for path, _ in inventory.verify_root(copy)] == [trace]   # verify names it
+    assert vgc_main(["cache", "--root", str(copy), "why-miss", "--entry", trace.parent.parent.name]) == 0
+    assert "damaged" in capsys.readouterr().out
     result = run_worker(copy, model_file)
     assert result["trace_source"] == "traced" and result["counters"]["inductor_compiles"] == 0
     assert any("saved trace" in w and "unusable" in w for w in result["warnings"])
     assert result["max_diff"] < 1e-4
     assert saved_traces.problem(trace) is None   # rewritten whole by the trace
+    assert inventory.verify_root(copy) == []
     assert run_worker(copy, model_file)["trace_source"] == "saved"
 
 

@@ -92,8 +92,8 @@ def _run(root: str, device: str, kept: bool) -> int:
     counters = report["counters"]
     print(f"\npieces: {report['pieces']} total, {report['unique_compiled_pieces']} unique compiled "
           f"(attention runs eagerly between them)")
-    print(f"first process : ready in {report['ready_seconds']:6.2f} s  "
-          f"({counters['inductor_compiles']} Inductor compiles, {counters['artifacts_loaded']} artifacts loaded)")
+    print(f"first process : ready in {report['ready_seconds']:6.2f} s  ({counters['dynamo_traces']} Dynamo trace, "
+          f"{counters['inductor_compiles']} Inductor compiles, {counters['artifacts_loaded']} artifacts loaded)")
 
     env = dict(os.environ, VGC_CACHE_ROOT=root)
     proc = subprocess.run([sys.executable, "-m", "vgc.demo", "--child", device], env=env, capture_output=True,
@@ -103,8 +103,8 @@ def _run(root: str, device: str, kept: bool) -> int:
         raise SystemExit("vgc demo: the warm-start process failed")
     warm = json.loads(proc.stdout.strip().splitlines()[-1])
     wc = warm["counters"]
-    print(f"second process: ready in {warm['ready_seconds']:6.2f} s  "
-          f"({wc['inductor_compiles']} Inductor compiles, {wc['artifacts_loaded']} artifacts loaded)")
+    print(f"second process: ready in {warm['ready_seconds']:6.2f} s  ({wc['dynamo_traces']} Dynamo traces: the "
+          f"saved trace, {wc['inductor_compiles']} Inductor compiles, {wc['artifacts_loaded']} artifacts loaded)")
 
     vgc.counters.reset()
     print("\nmax |compiled - eager| (fp32):")

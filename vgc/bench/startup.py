@@ -9,6 +9,7 @@ Inductor calls.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.cudagraph_mode}; every cache starts empty in:")
     for name, path in cache_dirs(root).items():
         print(f"  {name}={path}")
-    if sys.dont_write_bytecode:
+    if sys.dont_write_bytecode and not os.path.exists(importlib.util.cache_from_source(torch.__file__)):
         print("note: Python writes no bytecode here (PYTHONDONTWRITEBYTECODE), so every process compiles the source "
               "of the torch modules it imports; an installed torch has its .pyc files")
     print(f"  TORCHINDUCTOR_CACHE_DIR={os.path.join(cache_dirs(root)['VGC_CACHE_ROOT'], 'inductor_cache')}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vgc import envs
-from vgc.cache import inventory
+from vgc.cache import inventory, saved_traces
 from vgc.cache.keys import cache_key, diff_factors, environment_factors, source_factors
 
 _LS_WIDTH = 120   # the differences line of `ls` stops adding factors here
@@ -260,8 +260,26 @@ def _why_miss(root: Path, args) -> int:
     entry, differences = best
     if not differences:
         print(f"entry {entry.hash} matches the current config and environment: it would be a hit")
-        return 0
-    print(f"{'entry' if named else 'closest entry'} {entry.hash} differs in {len(differences)} factor(s):")
-    for line in differences:
-        print(f"  {line}")
-    return 1
+    else:
+        print(f"{'entry' if named else 'closest entry'} {entry.hash} differs in {len(differences)} factor(s):")
+        for line in differences:
+            print(f"  {line}")
+    _explain_saved_traces(entry, hit=not differences)
+    return 0 if not differences else 1
+
+
+def _explain_saved_traces(entry: inventory.Entry, hit: bool) -> None:
+    """What a `vgc.compile` start would do with the entry's saved traces (one per model and input contract)."""
+    traces = inventory.saved_trace_files(entry)
+    if not traces:
+        print("saved traces: none in this entry (a vgc.compile start traces with Dynamo, then saves one)")
+        return
+    for path in traces:
+        problem = saved_traces.problem(path)
+        if problem:
+            verdict = f"damaged ({problem}): a start warns and traces again"
+        elif hit:
+            verdict = "whole: a start of the model and inputs it was traced for loads it, with no Dynamo trace"
+        else:
+            verdict = "stale with its entry: a start traces again"
+        print(f"saved trace {path.relative_to(entry.path)}: {verdict}")

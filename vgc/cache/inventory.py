@@ -71,6 +71,17 @@ class Entry:
             yield store
 
 
+def saved_trace_files(entry: Entry) -> list[Path]:
+    """The saved Dynamo traces (`vgc.compile`'s warm starts) of every rank of an entry."""
+    return sorted(p for rank_dir in entry.rank_dirs() for p in saved_trace_files_in(rank_dir))
+
+
+def saved_trace_files_in(rank_dir: Path) -> list[Path]:
+    from vgc.cache.saved_traces import PREFIX, SUFFIX   # it imports entry.py, which imports this module
+
+    return sorted(rank_dir.glob(f"{PREFIX}*{SUFFIX}"))
+
+
 def entries(root: Path) -> list[Entry]:
     base = Path(root) / CACHE_SUBDIR
     if not base.is_dir():
@@ -148,7 +159,8 @@ def verify_root(root: Path) -> list[tuple[Path, str]]:
     (as `entry.untrusted_reason` judges it at a start); per rank directory its `index.json` (readable, a JSON
     object, well-formed records), every indexed artifact against its record (`ArtifactStore.verify`),
     `cache_key_factors.json` (a JSON object with the entry's "hash"), `artifacts/` and `locks/` (directories) and
-    every `locks/*.lock` (a regular file, not a symlink: filelock refuses those); and every damaged file under
+    every `locks/*.lock` (a regular file, not a symlink: filelock refuses those), every saved trace (whole: its
+    header and content hash); and every damaged file under
     `inductor_cache/` (`recovery.kernel_cache_problems`). Debug files and unindexed artifacts are never bad.
     Raises `CannotVerify` when `root` is missing or not a directory; nothing under the root is changed."""
     return check_root(root).bad
@@ -242,6 +254,11 @@ def _check_rank_dir(entry: Entry, rank_dir: Path, report: Verification) -> None:
             report.unindexed.extend(unindexed)
     _check_factors(entry, rank_dir / FACTORS_FILE, report)
     _check_locks(rank_dir / LOCK_DIR, report)
+    from vgc.cache import saved_traces   # it imports entry.py, which imports this module
+    for trace in saved_trace_files_in(rank_dir):
+        problem = saved_traces.problem(trace)
+        if problem:
+            report.bad.append((trace, f"{problem}; a start warns and traces again"))
     # computation_graph*.py and transformed_code.py are rewritten by every start: nothing to check.
 
 
