@@ -82,6 +82,7 @@ def _targets(root: Path) -> dict[str, list[Path]]:
         "lock": sorted((rank / "locks").glob("*.lock")),
         "locks_dir": [rank / "locks"],
         "debug": [rank / "computation_graph.py", rank / "transformed_code.py"],
+        "trace": sorted(rank.glob("trace-*.bin")),
         "kernel_so": sorted(p for p in kernels if p.suffix == ".so"),
         "kernel_py": sorted(p for p in kernels if p.suffix == ".py"),
         "kernel_other": sorted(p for p in kernels if p.suffix not in (".so", ".py", ".lock")),

@@ -522,6 +522,18 @@ def within_tracing_context(context):
     return torch._guards.tracing(context) if context is not None else contextlib.nullcontext()
 
 
+_STACK_FILE = re.compile(r'File "([^"]+)", line \d+')
+
+
+def graph_code_files(gm: fx.GraphModule) -> set[str]:
+    """Every file named in the user stacks Dynamo recorded on the graph's nodes (private `stack_trace` meta): the
+    code that produced an operation, whether or not Python knows it as a module."""
+    files = set()
+    for node in gm.graph.nodes:
+        files.update(_STACK_FILE.findall(node.meta.get("stack_trace") or ""))
+    return files
+
+
 def aot_signature(program) -> inspect.Signature:
     """The signature a captured program is called with."""
     return program._artifacts.signature

@@ -1,7 +1,9 @@
-"""`vgc.compile`: trace once with Dynamo, drop its guards, compile everything at warm-up, never compile again.
+"""`vgc.compile`: trace once with Dynamo (or load the trace an earlier process saved), drop its guards, compile
+everything at warm-up, never compile again.
 
-`CompiledModel` orchestrates; the jobs are done by objects built when their inputs exist: the backend
-(`VgcBackend(trace_once=True)`: split, compile, cache), the `InputContract` (built from the trace; checks every
+`CompiledModel` orchestrates; the jobs are done by objects built when their inputs exist: the `TraceSession`
+(the first call: a saved trace, else a captured and saved one), the backend (`VgcBackend(trace_once=True)`:
+split, compile, cache), the `InputContract` (built from the trace; checks every
 call) and, on CUDA, the `GraphDispatcher` (built from the trace; pads, captures, replays).
 """
 
@@ -47,7 +49,7 @@ class CompiledModel:
                              "arguments> to tell decode batches (FULL graph) from the rest (PIECEWISE)")
         self.backend = VgcBackend(self.config, trace_once=True)
         self._forward = forward
-        self._compiled = None    # the live-trace entry (Dynamo's own), built only when a saved trace cannot be
+        self._compiled = None    # Dynamo's own entry, built only for a model whose trace cannot be saved
         self._run: Callable | None = None   # calls the traced program with the call's arguments
         self.contract: InputContract | None = None   # built by the trace
         self.graphs: GraphDispatcher | None = None    # built by the trace, on CUDA with a graph mode

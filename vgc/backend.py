@@ -183,9 +183,11 @@ class VgcBackend:
     `trace_once=True` is the backend of `vgc.compile`, which drops Dynamo's guards and owns the calls. It then
     compiles only inside `tracing()`, the scope of its owner's single trace (any other request to compile is a
     `CompileAfterWarmupError`), records the size assumptions Inductor adds (the owner's contract checks them per
-    call, since Dynamo's guards are gone), leaves FULL graphs and output lifetime to the caller, and captures piece graphs only inside
-    `graph_runtime.capturing()`. Without it (drop-in), Dynamo's guards stay, piece graphs capture on a size's
-    second call and outputs are cloned out of graph memory.
+    call, since Dynamo's guards are gone), leaves FULL graphs and output lifetime to the caller, and captures
+    piece graphs only inside `graph_runtime.capturing()`. With `defer_build` set (the owner's ahead-of-time
+    capture) it only plans and returns a `SavedGraph` for the owner to build. Without `trace_once` (drop-in),
+    Dynamo's guards stay, piece graphs capture on a size's second call and outputs are cloned out of graph
+    memory.
     """
 
     def __init__(self, config: CompilationConfig | None = None, *, trace_once: bool = False):
@@ -291,7 +293,8 @@ class VgcBackend:
                          # An id outside an embedding table aborts the compiled CPU kernel (eager raises
                          # IndexError): check first.
                          input_check=request_checks.checker_for(gm, example_inputs), example_inputs=example_inputs,
-                         seconds={"split": time.perf_counter() - start}, state_tensors=state)
+                         seconds={"split": time.perf_counter() - start}, state_tensors=state,
+                         code_files=_compat.graph_code_files(gm))
 
     def build(self, plan: GraphPlan, store) -> Callable:
         """Compile or load every piece of `plan` and assemble the forward. A plan rebuilt from a saved trace only

@@ -57,10 +57,16 @@ class GraphPlan:
     seconds: dict[str, float] = field(default_factory=dict)
     saved_split: bytes | None = field(default=None, repr=False)   # the split graph, pickled before any piece ran
     state_tensors: list = field(default_factory=list)   # guards.StateTensor: the model's weights as traced
+    code_files: set[str] = field(default_factory=set)   # files whose code made an operation (traced plans only)
 
     @property
     def traced(self) -> bool:
         return self.example_inputs is not None
+
+    def forget_trace(self) -> None:
+        """Drop the fake inputs and compiled modules once built and saved: they hold Dynamo's shape environment."""
+        self.example_inputs = None
+        self.plans = [p if p.splitting else replace(p, module=None, example_inputs=None) for p in self.plans]
 
     def snapshot_split(self) -> None:
         """Pickle the split graph now, before its eager pieces are rewritten for speed: compiled pieces become

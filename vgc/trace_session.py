@@ -21,7 +21,7 @@ import torch
 from vgc import _compat
 from vgc.cache import debug_files, saved_traces
 from vgc.cache.entry import open_root, open_store
-from vgc.cache.keys import module_source_files
+from vgc.cache.keys import module_source_files, user_source_files
 from vgc.cache.store import NoStore, warn_once
 from vgc.counters import counters
 from vgc.graph_plan import MissingArtifact, SavedGraph
@@ -92,7 +92,8 @@ class TraceSession:
             logger.info("saved trace %s not used: %s; tracing", found.path, refusal)
             return None
         start = time.perf_counter()
-        store = open_store(self.config, self.device_type, found.source_paths, found.source_modules)
+        store = open_store(self.config, self.device_type, found.source_paths, found.source_modules,
+                           found.extra_paths)
         try:
             saved.build(self.backend, store)
         except MissingArtifact as e:
@@ -158,17 +159,22 @@ class TraceSession:
             raise RuntimeError(f"the captured program takes {_compat.aot_signature(program)}, not the forward's "
                                f"{inspect.signature(function)}")
         saved = _compat.aot_backend_result(program)
+        # Torch names the traced code by module; code in a file Python did not import as a module (loaded by
+        # path) is missing there, and is found by the files Dynamo recorded on the graph's operations.
         modules = _compat.aot_source_modules(program)
-        paths = module_source_files(modules)
-        if paths is None:
+        module_paths = module_source_files(modules)
+        if module_paths is None:
             raise RuntimeError("a module the trace read has no source file to key the cache by")
+        extra = [p for p in user_source_files([*saved.plan.code_files, function.__code__.co_filename])
+                 if p not in module_paths]
         self.seconds["trace"] = time.perf_counter() - start
         start = time.perf_counter()
-        store = open_store(self.config, self.device_type, paths, modules)
+        store = open_store(self.config, self.device_type, sorted({*module_paths, *extra}), modules, extra)
         with self.owner._tracing_scope(mode):
             saved.build(self.backend, store)
         self.seconds["compile_or_load"] = time.perf_counter() - start
         self._save(program, store)
+        saved.plan.forget_trace()
         _compat.aot_skip_guards(program)
         self.owner.trace_source = "traced"
         return self._runner(program)

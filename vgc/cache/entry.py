@@ -140,11 +140,12 @@ def untrusted_entry(root: Path, key: str) -> tuple[Path, str] | None:
     return _trust_problem([root / CACHE_SUBDIR / key, root / CACHE_SUBDIR / key / rank_dir_name()])
 
 
-def open_store(config: CompilationConfig, device_type: str, paths: list[str],
-               modules: list[str] | None = None) -> ArtifactStore | NoStore:
+def open_store(config: CompilationConfig, device_type: str, paths: list[str], modules: list[str] | None = None,
+               extra_paths: list[str] | None = None) -> ArtifactStore | NoStore:
     """The cache entry for a graph that traced the source files `paths`; `NoStore` (compile, save nothing) when
     the cache is off, or when the root is unusable or untrusted, with one warning that names the root's setting
-    and the fix. `modules` (the traced modules' names) lets a saved trace find their files in a later process."""
+    and the fix. `modules` (the traced modules' names) lets a saved trace find their files in a later process;
+    `extra_paths` are the files among `paths` that no module names (code Python did not import as a module)."""
     root = open_root(config)
     if isinstance(root, NoStore):
         return root
@@ -166,7 +167,9 @@ def open_store(config: CompilationConfig, device_type: str, paths: list[str],
     try:
         # Paths are kept beside the key (never in it) so that `vgc cache why-miss` can re-hash the sources.
         manifest = {"hash": key, "factors": factors, "source_paths": paths}
-        store.write_factors(manifest if modules is None else {**manifest, "source_modules": modules})
+        if modules is not None:
+            manifest.update(source_modules=modules, source_extra_paths=extra_paths or [])
+        store.write_factors(manifest)
     except OSError as e:
         store.saving = False
         warn_once(f"factors:{directory}", "cache: cannot write under %s (%s); loading what is there, saving nothing",

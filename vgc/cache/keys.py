@@ -101,7 +101,12 @@ def _file_digest(path: str) -> str:
 
 def traced_source_files(code_objects: Iterable) -> list[str]:
     """Absolute paths of the traced source files outside torch (torch itself is keyed by its build)."""
-    files = {os.path.abspath(code.co_filename) for code in code_objects}
+    return user_source_files(code.co_filename for code in code_objects)
+
+
+def user_source_files(paths: Iterable[str]) -> list[str]:
+    """The paths that are existing files outside torch, absolute, sorted, once each."""
+    files = {os.path.abspath(p) for p in paths}
     return sorted(p for p in files if os.path.isfile(p) and not p.startswith(_TORCH_DIR + os.sep))
 
 

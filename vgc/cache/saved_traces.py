@@ -51,6 +51,7 @@ class Found:
     entry: str                 # its entry's key
     source_paths: list[str]    # the files the trace read, as this process finds them
     source_modules: list[str]  # their modules' names ([] for an entry that recorded paths only)
+    extra_paths: list[str]     # the files among them that no module names
 
 
 def find(root: Path, config: CompilationConfig, device_type: str, trace_identity: str) -> tuple[Found | None,
@@ -60,7 +61,7 @@ def find(root: Path, config: CompilationConfig, device_type: str, trace_identity
     rank = rank_dir_name()
     try:
         candidates = sorted((root / CACHE_SUBDIR).glob(f"*/{rank}/{file_name(trace_identity)}"),
-                            key=lambda p: p.stat().st_mtime, reverse=True)
+                            key=_modified, reverse=True)
     except OSError as e:
         return None, [f"cannot list {root / CACHE_SUBDIR} ({e.strerror or e})"]
     for path in candidates:
@@ -76,24 +77,39 @@ def find(root: Path, config: CompilationConfig, device_type: str, trace_identity
     return None, reasons
 
 
-def current_sources(rank_dir: Path) -> tuple[list[str], list[str]] | str:
-    """(files, module names) the entry's trace read, as this process finds them: each traced module's file as
-    imported now (an edited copy elsewhere counts, not the file the trace read), else the recorded paths. A string
-    says why they cannot be found."""
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:   # a looping symlink in the trace's place: read() reports it
+        return 0.0
+
+
+def current_sources(rank_dir: Path) -> tuple[list[str], list[str], list[str]] | str:
+    """(files, module names, files no module names) the entry's trace read, as this process finds them: each traced
+    module's file as imported now (an edited copy elsewhere counts, not the file the trace read), plus the
+    recorded files of code no module names; for an entry without module names, the recorded paths. A string says
+    why they cannot be found."""
     try:
         manifest = json.loads((rank_dir / FACTORS_FILE).read_text())
         paths, modules = manifest.get("source_paths"), manifest.get("source_modules")
+        extra = manifest.get("source_extra_paths", [])
     except (OSError, ValueError, AttributeError):
         return f"{FACTORS_FILE} is missing or damaged, so the trace's sources cannot be checked"
-    if isinstance(modules, list) and all(isinstance(m, str) for m in modules):
+    if _strings(modules) and _strings(extra):
         found = module_source_files(modules)
         if found is None:
             return "a module the trace read is not imported in this process"
-        return found, modules
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        paths = sorted(set(found) | set(extra))
+    elif _strings(paths):
+        modules, extra = [], paths
+    else:
         return f"{FACTORS_FILE} records no source files"
-    gone = [p for p in paths if not os.path.isfile(p)]
-    return f"the traced source file {gone[0]} is gone" if gone else (paths, [])
+    gone = [p for p in extra if not os.path.isfile(p)]
+    return f"the traced source file {gone[0]} is gone" if gone else (paths, modules, extra)
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def stale_reason(entry: str, config: CompilationConfig, device_type: str, paths: list[str]) -> str | None:
