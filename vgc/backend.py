@@ -268,8 +268,9 @@ class VgcBackend:
         extra = repr((sorted(inductor_config.items()), sorted(static_config.items())))
         plans = []
         for piece in pieces:
-            if piece.is_splitting:
-                plans.append(PiecePlan(piece.name, splitting=True, module=piece.module))
+            if piece.is_splitting:   # keyed too: a saved trace stores identical eager pieces once
+                key = piece_key(piece.module, list(piece_inputs[piece.name])) if piece.name in piece_inputs else ""
+                plans.append(PiecePlan(piece.name, splitting=True, key=key, module=piece.module))
             elif piece.name in piece_inputs:   # else a dead piece (never called)
                 inputs = list(piece_inputs[piece.name])
                 size_source = find_size_source(inputs)

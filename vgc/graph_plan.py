@@ -70,14 +70,15 @@ class GraphPlan:
 
     def snapshot_split(self) -> None:
         """Pickle the split graph now, before its eager pieces are rewritten for speed: compiled pieces become
-        empty stand-ins (their artifacts replace them) and identical eager pieces are stored once."""
+        empty stand-ins (their artifacts replace them) and eager pieces with one structural key (the attention of
+        every layer) are stored, and rebuilt, once: they take their inputs by position."""
         root = torch.nn.Module()
-        by_code: dict[str, fx.GraphModule] = {}
+        by_key: dict[str, fx.GraphModule] = {}
         for plan in self.plans:
             if plan.splitting:
                 module = plan.module
-                if not any(n.op == "get_attr" for n in module.graph.nodes):   # constants make a piece unique
-                    module = by_code.setdefault(module.code, module)
+                if plan.key and not any(n.op == "get_attr" for n in module.graph.nodes):   # constants: unique
+                    module = by_key.setdefault(plan.key, module)
                 root.add_module(plan.name, module)
             else:
                 root.add_module(plan.name, torch.nn.Module())
@@ -107,9 +108,13 @@ class GraphPlan:
         if state.get("version") != 1:
             raise ValueError(f"saved graph version {state.get('version')!r} is not 1")
         split_gm = pickle.load(io.BytesIO(state["split"]))
-        pieces = [Piece(name, index, splitting, getattr(split_gm, name)) for name, index, splitting in state["pieces"]]
-        modules = {p.name: p.module for p in pieces}
-        plans = [replace(p, module=modules[p.name]) if p.splitting else p for p in state["plans"]]
+        # Rebuilding re-traces the graph, which calls a module stored under several names by its first name only.
+        by_key = {p.key: getattr(split_gm, p.name) for p in state["plans"] if p.splitting and hasattr(split_gm, p.name)}
+        plans = [replace(p, module=getattr(split_gm, p.name, None) or by_key.get(p.key)) if p.splitting else p
+                 for p in state["plans"]]
+        modules = {p.name: p.module for p in plans}
+        pieces = [Piece(name, index, splitting, modules.get(name) or getattr(split_gm, name, None))
+                  for name, index, splitting in state["pieces"]]
         return cls(split_gm, pieces, plans, state["device_type"], state["shape_guards"], state["input_check"],
                    state["compiler_guards"], state_tensors=state["state_tensors"])
 
