@@ -178,3 +178,22 @@ def test_a_call_other_than_the_traced_kind_traces(tmp_path, monkeypatch):
     assert as_double.trace_source == "traced"
     torch.testing.assert_close(out, model(x))
     assert len(trace_files(tmp_path / "root")) == 2
+
+
+@pytest.mark.parametrize("mode", ["unbacked", "backed_size_oblivious"])
+def test_saved_trace_in_every_dynamic_shape_mode(mode, tmp_path, monkeypatch):
+    """The other two modes trace with other symbols and assumptions; the saved trace serves them the same way."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    cfg = llama.tiny_config()
+    config = {"dynamic_shapes_config": {"type": mode}, "compile_sizes": [4]}
+    traced = vgc.compile(llama.Llama(cfg), config=config)
+    traced.warmup(lambda n: llama.make_batch(cfg, n))
+    model = llama.Llama(cfg)
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, traces_loaded=1):
+        loaded = vgc.compile(model, config=config)
+        loaded.warmup(lambda n: llama.make_batch(cfg, n))
+        with torch.no_grad():
+            for n in (2, 4, 9):   # 4: the static artifact
+                torch.testing.assert_close(loaded(**llama.make_batch(cfg, n)), model(**llama.make_batch(cfg, n)),
+                                           **FP32_TOL)
+    assert loaded.trace_source == "saved"
