@@ -334,7 +334,10 @@ def build_size_guards(snapshot, resolve: Callable[[SizeLocation], SizeLocation |
 
 
 def _is_size_one_specialisation(expr) -> bool:
-    """`s >= 2` or `s > 1`: what a backed size assumes after a trace at a larger size."""
+    """`s >= 2`, `s > 1` or `s != 1` (`s != 0`): what a backed size assumes after a trace at a larger size. Which
+    of them Inductor records depends on the path (keying an artifact for the cache adds `s != 1`)."""
+    if isinstance(expr, sympy.Ne):
+        return any(isinstance(a, sympy.Symbol) and b in (0, 1) for a, b in (expr.args, expr.args[::-1]))
     if isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan, sympy.LessThan, sympy.StrictLessThan)):
         lhs, rhs = (expr.lhs, expr.rhs) if isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan)) else \
             (expr.rhs, expr.lhs)
