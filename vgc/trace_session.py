@@ -23,7 +23,7 @@ from vgc.cache import debug_files, saved_traces
 from vgc.cache.entry import open_root, open_store
 from vgc.cache.keys import module_source_files, user_source_files
 from vgc.cache.store import NoStore, warn_once
-from vgc.counters import counters
+from vgc.contract import InputContract
 from vgc.graph_plan import MissingArtifact, SavedGraph
 from vgc.guards import InputMismatchError, state_mismatch
 
@@ -84,7 +84,7 @@ class TraceSession:
         except Exception as e:   # cut short, altered, or written by another torch: trace instead
             warn_once(f"trace:{found.path}", "saved trace %s is unusable (%s: %s); tracing again", found.path,
                       type(e).__name__, e)
-            counters.add(cache_corrupt=1)
+            self.backend.counters.add(cache_corrupt=1)
             return None
         self.seconds["load_trace"] = time.perf_counter() - start
         refusal = self._refusal(program, saved, args, kwargs)
@@ -108,8 +108,6 @@ class TraceSession:
     def _refusal(self, program, saved: SavedGraph, args: tuple, kwargs: dict) -> str | None:
         """Why this call must not run the saved program: a size assumption it breaks, or model state that differs
         from the traced model's (a changed attribute, dtype or weight shape)."""
-        from vgc.contract import InputContract   # contract imports guards, which this module's callers import
-
         plan = saved.plan
         try:
             InputContract(self.owner._signature, self.arguments, self.specs, self.dynamic, plan.shape_guards,
