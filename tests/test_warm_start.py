@@ -197,3 +197,47 @@ def test_saved_trace_in_every_dynamic_shape_mode(mode, tmp_path, monkeypatch):
                 torch.testing.assert_close(loaded(**llama.make_batch(cfg, n)), model(**llama.make_batch(cfg, n)),
                                            **FP32_TOL)
     assert loaded.trace_source == "saved"
+
+
+class Gate(torch.nn.Module):
+    def __init__(self, act: torch.nn.Module, fn):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.act, self.fn = torch.nn.Linear(8, 8), act, fn
+
+    def forward(self, x):
+        return self.fn(self.act(self.lin(x)))
+
+
+@pytest.mark.parametrize("other", ["module type", "function attribute", "submodule hook"])
+def test_a_model_with_other_modules_or_functions_does_not_load_the_trace(other, tmp_path, monkeypatch):
+    """What a trace bakes in without a tensor or value to check: a submodule's type, a function the model holds,
+    a hook on a submodule. A model that differs there must trace, not run the saved program."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    x = torch.randn(4, 8)
+    vgc.compile(Gate(torch.nn.Tanh(), torch.sigmoid))(x)
+    model = {"module type": lambda: Gate(torch.nn.Sigmoid(), torch.sigmoid),
+             "function attribute": lambda: Gate(torch.nn.Tanh(), torch.neg),
+             "submodule hook": lambda: Gate(torch.nn.Tanh(), torch.sigmoid)}[other]()
+    if other == "submodule hook":
+        model.lin.register_forward_hook(lambda module, args, out: out * 3)
+    compiled = vgc.compile(model)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+    assert compiled.trace_source == ("traced-live" if other == "submodule hook" else "traced")
+
+
+def test_a_first_call_that_raises_leaves_the_model_usable(tmp_path, monkeypatch):
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    cfg = llama.tiny_config()
+    vgc.compile(llama.Llama(cfg)).warmup(lambda n: llama.make_batch(cfg, n))
+    model = llama.Llama(cfg)
+    compiled = vgc.compile(model)
+    bad = llama.make_batch(cfg, 8)
+    bad["input_ids"][2] = cfg.vocab_size
+    with torch.no_grad(), pytest.raises(IndexError):
+        compiled(**bad)   # loads the saved trace, then the token-id check refuses the call
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(**llama.make_batch(cfg, 8)), model(**llama.make_batch(cfg, 8)),
+                                   **FP32_TOL)
+    assert compiled.trace_source == "saved" and len(compiled.backend.graphs) == 1

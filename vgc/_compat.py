@@ -549,8 +549,9 @@ _GUARD_ROOT = re.compile(r"[A-Za-z_]\w*")
 
 def model_state_guard_filter(argument_names: set[str]) -> Callable:
     """A `guard_filter_fn` for a saved program: keep the serializable guards on the model's own state (its
-    attributes' values, hooks, global torch state) and drop those on the call's arguments (vgc's input contract
-    checks them), on globals and on sizes."""
+    attributes' values, hooks, global torch state) and on globals the trace read (a module constant), and drop
+    those on the call's arguments (vgc's input contract checks them) and on sizes. Types and the functions a
+    model holds are checked by vgc itself (`guards.ModelStructure`)."""
     from torch._dynamo.guards import CheckFunctionManager
 
     # Identity guards name objects of this process (a module, a function, a local class): they cannot be saved.
@@ -565,19 +566,20 @@ def model_state_guard_filter(argument_names: set[str]) -> Callable:
         for entry in entries:
             root = _GUARD_ROOT.match(entry.name)
             types = {entry.guard_type, *getattr(entry, "derived_guard_types", ())}
-            kept.append(not entry.is_global and not types & unsupported
-                        and not getattr(entry.orig_guard, "_unserializable", False)
-                        and (root is None or root[0] not in argument_names))
+            kept.append(not types & unsupported and not getattr(entry.orig_guard, "_unserializable", False)
+                        and (entry.is_global or root is None or root[0] not in argument_names))
         return kept
     return keep
 
 
 def has_module_hooks(model) -> bool:
-    """Forward hooks on `model` or on every module: a capture of `model.forward` alone would skip them."""
+    """Forward hooks on `model` or any of its submodules, or global ones: a saved trace must not serve such a
+    model (a hook added after the save would be skipped; one on the top module is outside `forward`)."""
     modules = torch.nn.modules.module
-    return isinstance(model, torch.nn.Module) and bool(
-        model._forward_hooks or model._forward_pre_hooks or modules._global_forward_hooks
-        or modules._global_forward_pre_hooks)
+    if not isinstance(model, torch.nn.Module):
+        return False
+    return bool(modules._global_forward_hooks or modules._global_forward_pre_hooks) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 # ---- Inductor's CPU ISA probe ---------------------------------------------------------------------------------------

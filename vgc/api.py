@@ -104,8 +104,12 @@ class CompiledModel:
                                  graph.compiler_guards)
         self._run = run
         if out is None:   # a saved or captured program has not run yet
-            with torch.no_grad():
-                out = self._run(*args, **kwargs)
+            try:
+                with torch.no_grad():
+                    out = self._run(*args, **kwargs)
+            except BaseException:   # e.g. a token id out of range: the next call starts again, from the cache
+                self.backend.graphs.clear()
+                raise
         graph_mode, graphs = self._graph_mode(torch.device(graph.device_type)), None
         if graph_mode != CUDAGraphMode.NONE:
             graphs = GraphDispatcher(self._call_arguments, graph_mode, self.config.resolved_capture_sizes(),

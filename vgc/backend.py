@@ -288,7 +288,8 @@ class VgcBackend:
             source = _compat.placeholder_source_name(node)
             if isinstance(value, torch.Tensor) and source.startswith("L['self']") and \
                     all(isinstance(d, int) for d in value.shape):
-                state.append(StateTensor(source, value.dtype, tuple(value.shape), str(value.device)))
+                state.append(StateTensor(source, value.dtype, tuple(value.shape), str(value.device),
+                                         tuple(value.stride())))
         return GraphPlan(split_gm, pieces, plans, _compat.device_from_inputs(example_inputs).type,
                          snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)),
                          # An id outside an embedding table aborts the compiled CPU kernel (eager raises

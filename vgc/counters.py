@@ -27,7 +27,7 @@ class Counters:
     artifacts_saved: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
-    cache_corrupt: int = 0          # artifacts that failed their content check and were rebuilt
+    cache_corrupt: int = 0          # artifacts (or saved traces) that failed their check and were rebuilt
     cudagraph_captures: int = 0
     traces_saved: int = 0           # Dynamo programs saved for warm starts (vgc.compile)
     traces_loaded: int = 0          # saved programs a start ran instead of tracing

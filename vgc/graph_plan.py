@@ -58,6 +58,7 @@ class GraphPlan:
     saved_split: bytes | None = field(default=None, repr=False)   # the split graph, pickled before any piece ran
     state_tensors: list = field(default_factory=list)   # guards.StateTensor: the model's weights as traced
     code_files: set[str] = field(default_factory=set)   # files whose code made an operation (traced plans only)
+    structure: tuple = ()   # guards.model_structure of the traced model (set by its TraceSession)
 
     @property
     def traced(self) -> bool:
@@ -101,6 +102,7 @@ class GraphPlan:
             "compiler_guards": self.compiler_guards,
             "input_check": self.input_check,
             "state_tensors": self.state_tensors,
+            "structure": self.structure,
         }
 
     @classmethod
@@ -116,7 +118,7 @@ class GraphPlan:
         pieces = [Piece(name, index, splitting, modules.get(name) or getattr(split_gm, name, None))
                   for name, index, splitting in state["pieces"]]
         return cls(split_gm, pieces, plans, state["device_type"], state["shape_guards"], state["input_check"],
-                   state["compiler_guards"], state_tensors=state["state_tensors"])
+                   state["compiler_guards"], state_tensors=state["state_tensors"], structure=state["structure"])
 
 
 class SavedGraph(_compat.SerializableCallable):

@@ -261,6 +261,7 @@ class StateTensor:
     dtype: torch.dtype
     shape: tuple[int, ...]
     device: str
+    stride: tuple[int, ...] = ()   # Inductor's code indexes the weight with these strides
 
 
 def resolve_source(source: str, roots: dict[str, Any]) -> Any:
@@ -295,7 +296,31 @@ def state_mismatch(expected: list[StateTensor], roots: dict[str, Any]) -> str | 
             return f"{spec.source} is {describe(value)}, not a tensor"
         if (value.dtype, tuple(value.shape), str(value.device)) != (spec.dtype, spec.shape, spec.device):
             return f"{spec.source} is {describe(value)}; the trace had {spec.dtype} {spec.shape} on {spec.device}"
+        if spec.stride and tuple(value.stride()) != spec.stride:
+            return f"{spec.source} has strides {tuple(value.stride())}; the trace had {spec.stride}"
     return None
+
+
+def model_structure(model: Any) -> tuple[tuple[str, str], ...]:
+    """(where, what) for the type of every submodule and every function or class a module holds as an attribute:
+    what a trace bakes in that neither the tensor checks nor Dynamo's saved value guards see (its identity
+    guards cannot be saved). A `nn.Tanh` swapped for a `nn.Sigmoid`, or `self.act = torch.neg`, changes it."""
+    if not isinstance(model, torch.nn.Module):
+        return ()
+    found = []
+    for path, module in model.named_modules():
+        found.append((path or ".", _callable_name(type(module))))
+        for name, value in sorted(vars(module).items()):
+            if callable(value) and not isinstance(value, (torch.nn.Module, torch.Tensor)):
+                found.append((f"{path}.{name}", _callable_name(value)))
+    return tuple(found)
+
+
+def _callable_name(value: Any) -> str:
+    code = getattr(value, "__code__", None)
+    where = f"@{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    return f"{getattr(value, '__module__', None) or type(value).__module__}.{name}{where}"
 
 
 def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.Symbol, str]]]:

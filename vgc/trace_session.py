@@ -24,8 +24,8 @@ from vgc.cache.entry import open_root, open_store
 from vgc.cache.keys import module_source_files, user_source_files
 from vgc.cache.store import NoStore, warn_once
 from vgc.contract import InputContract
-from vgc.graph_plan import MissingArtifact, SavedGraph
-from vgc.guards import InputMismatchError, state_mismatch
+from vgc.graph_plan import SavedGraph
+from vgc.guards import InputMismatchError, model_structure, state_mismatch
 
 logger = logging.getLogger("vgc")
 
@@ -45,6 +45,7 @@ class TraceSession:
         self.device_type = device_type
         self.specs, self.dynamic, _ = contract
         self.identity = saved_traces.identity(self.forward, contract)
+        self.structure = model_structure(self.model)
         self.seconds: dict[str, float] = {}
 
     # ---- whether a saved trace can serve this model ----
@@ -56,6 +57,8 @@ class TraceSession:
         function = getattr(self.forward, "__func__", self.forward)
         if not inspect.isfunction(function):
             return f"its forward is a {type(function).__name__}, not a Python function"
+        if function.__closure__ or function.__name__ == "<lambda>":
+            return "its forward is a closure or a lambda, whose captured values a saved trace could not tell apart"
         return None
 
     def _runner(self, program) -> Callable:
@@ -94,10 +97,13 @@ class TraceSession:
         start = time.perf_counter()
         store = open_store(self.config, self.device_type, found.source_paths, found.source_modules,
                            found.extra_paths)
+        if isinstance(store, NoStore):   # the entry cannot be opened (warned): its artifacts cannot load either
+            return None
         try:
             saved.build(self.backend, store)
-        except MissingArtifact as e:
-            logger.warning("vgc: %s; tracing and compiling again", e)
+        except Exception as e:   # a missing or damaged artifact, or one that fails to load: trace instead
+            logger.warning("vgc: the saved trace %s could not be built (%s: %s); tracing and compiling again",
+                           found.path, type(e).__name__, e)
             return None
         self.seconds["load_artifacts"] = time.perf_counter() - start
         _compat.aot_skip_guards(program)
@@ -114,6 +120,10 @@ class TraceSession:
                           plan.compiler_guards).check(self.arguments)
         except InputMismatchError as e:
             return f"this call breaks an assumption of the saved trace ({e})"
+        if plan.structure != self.structure:
+            changed = next((f"{a} -> {b}" for a, b in zip(plan.structure, self.structure) if a != b),
+                           "modules were added or removed")
+            return f"the model's modules or functions differ from the traced one ({changed})"
         bound = getattr(self.forward, "__self__", None)
         mismatch = state_mismatch(plan.state_tensors, {"self": bound})
         if mismatch is not None:
@@ -129,8 +139,6 @@ class TraceSession:
         if reason is None:
             try:
                 return self._capture(args, kwargs), None
-            except MissingArtifact:
-                raise
             except Exception as e:   # torch could not capture or save this program: Dynamo's own entry still can
                 if self.backend.graphs:
                     raise
@@ -157,6 +165,7 @@ class TraceSession:
             raise RuntimeError(f"the captured program takes {_compat.aot_signature(program)}, not the forward's "
                                f"{inspect.signature(function)}")
         saved = _compat.aot_backend_result(program)
+        saved.plan.structure = self.structure
         # Torch names the traced code by module; code in a file Python did not import as a module (loaded by
         # path) is missing there, and is found by the files Dynamo recorded on the graph's operations.
         modules = _compat.aot_source_modules(program)

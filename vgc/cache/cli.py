@@ -279,7 +279,8 @@ def _explain_saved_traces(entry: inventory.Entry, hit: bool) -> None:
         if problem:
             verdict = f"damaged ({problem}): a start warns and traces again"
         elif hit:
-            verdict = "whole: a start of the model and inputs it was traced for loads it, with no Dynamo trace"
+            verdict = ("whole: a start of the model and inputs it was traced for loads it, with no Dynamo trace, "
+                       "if the model's state passes the trace's checks")
         else:
             verdict = "stale with its entry: a start traces again"
         print(f"saved trace {path.relative_to(entry.path)}: {verdict}")

@@ -35,10 +35,15 @@ class DamagedTrace(ValueError):
 
 
 def identity(forward: Callable, contract: Any) -> str:
-    """16 hex digits naming a model's forward and the input contract it is traced for (`contract`: any value with
-    a stable repr, e.g. the argument specs, dynamic dims and shape mode)."""
+    """16 hex digits naming a model's forward (its qualified name, the class of the model it is bound to, where its
+    code is) and the input contract it is traced for (`contract`: any value with a stable repr, e.g. the argument
+    specs, dynamic dims and shape mode)."""
     name = f"{getattr(forward, '__module__', '?')}.{getattr(forward, '__qualname__', repr(forward))}"
-    return hashlib.sha256(repr((name, contract)).encode()).hexdigest()[:16]
+    owner = getattr(forward, "__self__", None)   # a subclass that inherits forward is another program
+    code = getattr(getattr(forward, "__func__", forward), "__code__", None)
+    where = (os.path.basename(code.co_filename), code.co_firstlineno) if code is not None else None
+    return hashlib.sha256(repr((name, type(owner).__qualname__, type(owner).__module__, where,
+                                contract)).encode()).hexdigest()[:16]
 
 
 def file_name(trace_identity: str) -> str:
@@ -114,7 +119,10 @@ def _strings(value) -> bool:
 
 def stale_reason(entry: str, config: CompilationConfig, device_type: str, paths: list[str]) -> str | None:
     """Why a trace saved in `entry` no longer describes the current program (None: it still does)."""
-    key, _ = entry_key(config, device_type, paths)
+    try:
+        key, _ = entry_key(config, device_type, paths)
+    except OSError as e:   # a file removed or unreadable since it was found
+        return f"a traced source file cannot be read ({e.strerror or e})"
     if key != entry:
         return f"its entry key is now {key}: a traced source file, the config or the environment changed " \
                "(`vgc cache why-miss --entry` names which)"
