@@ -17,6 +17,7 @@ import torch  # noqa: E402
 import vgc  # noqa: E402
 from vgc.cudagraph import runtime as cuda_runtime  # noqa: E402
 from vgc.cudagraph.padding import output_tensors  # noqa: E402
+from vgc.cudagraph.runtime import bypass_piece_graphs  # noqa: E402
 from vgc.models import llama  # noqa: E402
 
 # fp32 on CPU: Inductor reorders reductions and fuses ops, so results differ from eager by rounding only.
@@ -100,26 +101,41 @@ class MLP(torch.nn.Module):
 # overwrites fails as it would on a GPU. tests/test_gpu.py runs the real thing.
 class RecordedGraph:
     """Capture ran `fn` once (a real capture records, then its first replay runs); later replays run it again
-    on the captured inputs and write the results into the captured outputs."""
+    on the captured inputs, as it ran while captured (piece graphs bypassed, the stream capturing), and write
+    the results into the captured outputs."""
 
-    def __init__(self, fn, outputs):
-        self.fn, self.outputs, self.first = fn, outputs, True
+    def __init__(self, fn, outputs, capturing: list):
+        self.fn, self.outputs, self.first, self.capturing = fn, outputs, True, capturing
 
     def replay(self):
         if self.first:
             self.first = False
             return
-        for old, new in zip(output_tensors(self.outputs), output_tensors(self.fn())):
+        self.capturing[0] = True
+        try:
+            with bypass_piece_graphs():
+                outputs = self.fn()
+        finally:
+            self.capturing[0] = False
+        for old, new in zip(output_tensors(self.outputs), output_tensors(outputs)):
             old.copy_(new)
 
 
 @pytest.fixture
 def simulated_capture(monkeypatch):
-    """Graph capture and replay through `RecordedGraph`, on whatever device the tensors are."""
-    def capture(fn, pool):
-        outputs = fn()
-        return RecordedGraph(fn, outputs), outputs
+    """Graph capture and replay through `RecordedGraph`, on whatever device the tensors are. While `fn` is being
+    captured, `runtime.stream_capturing()` says so, as it would on a GPU."""
+    capturing = [False]
 
+    def capture(fn, pool):
+        capturing[0] = True
+        try:
+            outputs = fn()
+        finally:
+            capturing[0] = False
+        return RecordedGraph(fn, outputs, capturing), outputs
+
+    monkeypatch.setattr(cuda_runtime, "stream_capturing", lambda: capturing[0])
     monkeypatch.setattr(cuda_runtime, "capture", capture)
     monkeypatch.setattr(cuda_runtime, "synchronize", lambda device: None)
     monkeypatch.setattr(cuda_runtime, "reserved_bytes", lambda device: 0)

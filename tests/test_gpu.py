@@ -151,3 +151,51 @@ def test_a_static_buffer_replaced_behind_the_graphs_back(mode, tiny_fp32, fresh_
             eager = model(**llama.make_batch(cfg, 3, "decode", device="cuda", seed=1))
             torch.testing.assert_close(out, eager, **FP32_TOL)
     del stale
+
+# ---- drop-in FULL graphs ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["full", "full_and_piecewise"])
+def test_dropin_full_graphs_equal_eager_and_follow_a_moved_kv_cache(mode, tiny_fp32, fresh_counters, no_cache):
+    cfg, model = tiny_fp32
+    kv = llama.make_kv_caches(cfg, "cuda")
+    compiled = torch.compile(model, backend="vgc", options={"cudagraph_mode": mode,
+                                                            "cudagraph_capture_sizes": [8, 16]})
+
+    def step(n, kind, caches, seed):
+        out = compiled(**llama.make_batch(cfg, n, kind, device="cuda", kv_caches=caches, seed=seed))
+        eager_batch = llama.make_batch(cfg, n, kind, device="cuda", seed=seed)
+        torch.testing.assert_close(out, model(**eager_batch), **FP32_TOL, msg=f"{mode} {kind} {n} {seed}")
+        for cache, eager_cache in zip(caches, eager_batch["kv_caches"]):
+            torch.testing.assert_close(cache, eager_cache, **FP32_TOL)
+        return out
+
+    with torch.no_grad():
+        outs = [step(8, "decode", kv, seed) for seed in range(4)]   # warm-up, capture, replays
+        assert fresh_counters.cudagraph_captures == 1 and fresh_counters.cudagraph_replays == 2
+        for seed, out in enumerate(outs):   # outputs survive later replays
+            torch.testing.assert_close(out, model(**llama.make_batch(cfg, 8, "decode", device="cuda", seed=seed)),
+                                       **FP32_TOL)
+        other = llama.make_kv_caches(cfg, "cuda")
+        with fresh_counters.expect(eager_runs=1, cudagraph_captures=0):   # moved: runs without the graph
+            step(8, "decode", other, 5)
+        with fresh_counters.expect(cudagraph_captures=1):                 # and captures again at the new address
+            step(8, "decode", other, 6)
+        for seed in range(3):   # prefill cannot be captured whole (attention syncs): piece graphs serve it
+            step(16, "prefill", kv, seed)
+        for n in (16, 16, 16, 5):   # a second symbolic size: captured; 5 is not a capture size
+            step(n, "decode", kv, n)
+
+
+def test_dropin_full_on_an_unmodified_hugging_face_llama(fresh_counters, no_cache):
+    pytest.importorskip("transformers")
+    from conftest import hf_llama
+
+    model = hf_llama(num_hidden_layers=2).cuda()
+    compiled = torch.compile(model, backend="vgc", options={
+        "cudagraph_mode": "full", "splitting_ops": ["aten::scaled_dot_product_attention"]})
+    with torch.no_grad():
+        for shape in [(1, 16)] * 3 + [(4, 32)] * 3:
+            ids = torch.randint(0, 128, shape, device="cuda")
+            out = compiled(input_ids=ids, use_cache=False).last_hidden_state
+            torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)
+    assert fresh_counters.cudagraph_captures == 2 and fresh_counters.cudagraph_replays == 2

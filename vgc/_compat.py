@@ -81,6 +81,15 @@ def op_schema(target) -> torch.FunctionSchema | None:
     return target._schema if isinstance(target, torch._ops.OpOverload) else None
 
 
+def op_schemas(target) -> list[torch.FunctionSchema]:
+    """`op_schema` for an overload; for an overload packet (Dynamo records `torch.ops.ns.op(...)` calls as the
+    packet), the schemas of all its overloads, any of which a call may pick."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return [getattr(target, name)._schema for name in target.overloads()]
+    schema = op_schema(target)
+    return [] if schema is None else [schema]
+
+
 def traced_value(node: fx.Node):
     """The (fake) value Dynamo recorded for a node while tracing, or None (a graph not traced by Dynamo). Dynamo
     keeps it under an undocumented metadata key."""

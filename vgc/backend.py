@@ -19,6 +19,7 @@ from vgc.cache.store import Fetched
 from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
+from vgc.cudagraph.dropin import DropInGraphs, GraphInputs, full_graph_blocker
 from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
@@ -81,13 +82,16 @@ def _piece_example_inputs(split_gm: fx.GraphModule, example_inputs: list) -> dic
     return recorded
 
 
+def _is_model_state(node: fx.Node, value) -> bool:
+    """The graph input is one of the model's weights or buffers: its address never changes."""
+    name = _compat.placeholder_source_name(node)
+    return isinstance(value, torch.nn.Parameter) or "_parameters[" in name or "_buffers[" in name
+
+
 def _module_state_arguments(split_gm: fx.GraphModule, example_inputs: list) -> dict[str, list[bool]]:
-    """Per piece, which arguments are the model's weights or buffers: their address never changes."""
+    """Per piece, which arguments are the model's weights or buffers."""
     placeholders = [n for n in split_gm.graph.nodes if n.op == "placeholder"]
-    state = {}
-    for node, value in zip(placeholders, example_inputs):
-        name = _compat.placeholder_source_name(node)
-        state[node] = isinstance(value, torch.nn.Parameter) or "_parameters[" in name or "_buffers[" in name
+    state = {node: _is_model_state(node, value) for node, value in zip(placeholders, example_inputs)}
     return {node.target: [isinstance(a, fx.Node) and state.get(a, False) for a in node.args]
             for node in split_gm.graph.nodes if node.op == "call_module"}
 
@@ -245,9 +249,9 @@ class VgcBackend:
         start = time.perf_counter()
         store = open_store(self.config, plan.device_type, traced_source_files(_compat.traced_code_objects()))
         plan.seconds["cache_key"] = time.perf_counter() - start
-        forward = self.build(plan, store)
-        debug_files.expect_transformed_code(store)
         graph_runtime = self._piece_graph_runtime(plan.device_type)
+        forward = self.build(plan, store, around=self._full_graphs(gm, example_inputs, graph_runtime))
+        debug_files.expect_transformed_code(store)
         if graph_runtime is not None and not self.trace_once:
             forward = _copy_graph_outputs(forward, graph_runtime)
         anchor = _grad_anchor(example_inputs)
@@ -298,9 +302,26 @@ class VgcBackend:
                          seconds={"split": time.perf_counter() - start}, state_tensors=state,
                          code_files=_compat.graph_code_files(gm))
 
-    def build(self, plan: GraphPlan, store) -> Callable:
+    def _full_graphs(self, gm: fx.GraphModule, example_inputs: list,
+                     graph_runtime: GraphRuntime | None) -> Callable | None:
+        """Drop-in FULL graphs: what wraps the split graph's forward in a `DropInGraphs`, or None (no FULL graphs:
+        another mode, no CUDA, or `vgc.compile`, whose dispatcher captures them)."""
+        mode = self.config.resolved_cudagraph_mode(_compat.device_from_inputs(example_inputs).type)
+        if self.trace_once or graph_runtime is None or mode not in (CUDAGraphMode.FULL,
+                                                                    CUDAGraphMode.FULL_AND_PIECEWISE):
+            return None
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        state = [_is_model_state(node, value) for node, value in zip(placeholders, example_inputs)]
+        inputs = GraphInputs.of(example_inputs, state, mutated_inputs(gm),
+                                [_compat.placeholder_source_name(node) or node.name for node in placeholders])
+        label = f"graph {len(self.graphs)}"
+        blocker = full_graph_blocker(gm)
+        return lambda forward: DropInGraphs(forward, inputs, mode, graph_runtime, label=label, blocker=blocker)
+
+    def build(self, plan: GraphPlan, store, around: Callable | None = None) -> Callable:
         """Compile or load every piece of `plan` and assemble the forward. A plan rebuilt from a saved trace only
-        loads; an artifact it cannot load raises `MissingArtifact`."""
+        loads; an artifact it cannot load raises `MissingArtifact`. `around(forward)` wraps the assembled forward
+        inside the token-id check (drop-in FULL graphs replay without calling it)."""
         record = GraphRecord(pieces=plan.pieces, compiled={}, unique_keys=set(), cache_dir=None,
                              computation_graph=None, counters=Counters.child_of(self.counters),
                              device_type=plan.device_type, shape_guards=plan.shape_guards,
@@ -342,7 +363,7 @@ class VgcBackend:
                     record.artifacts_loaded, record.seconds["compile"],
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
-        forward = split_gm.forward
+        forward = split_gm.forward if around is None else around(split_gm.forward)
         if record.input_check is not None:
             forward = request_checks.checked(forward, record.input_check)
         return forward
@@ -408,10 +429,9 @@ class VgcBackend:
             logger.warning("cudagraph_mode=%s needs a CUDA device; this %s model runs without CUDA graphs",
                            mode.value, device_type)
             return None
-        if not self.trace_once and mode != CUDAGraphMode.PIECEWISE:
-            logger.warning("cudagraph_mode=%s: FULL graphs need vgc.compile (it pads and owns the inputs); "
-                           "torch.compile(backend='vgc') captures PIECEWISE graphs only", mode.value)
-        return None if mode == CUDAGraphMode.FULL else self.graph_runtime
+        # vgc.compile's dispatcher captures FULL graphs itself; drop-in FULL keeps piece graphs for the signatures
+        # a FULL graph cannot hold.
+        return None if mode == CUDAGraphMode.FULL and self.trace_once else self.graph_runtime
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -48,9 +48,9 @@ def mutated_inputs(gm: fx.GraphModule) -> set[int]:
         if node.op not in ("call_function", "call_method"):
             continue
         written = []
-        schema = _compat.op_schema(node.target)
-        if schema is not None:
-            written = [a for a, arg in zip(node.args, schema.arguments)
+        schemas = _compat.op_schemas(node.target)
+        if schemas:   # several for a packet: an argument any of its overloads writes counts
+            written = [_argument(node, arg, i) for schema in schemas for i, arg in enumerate(schema.arguments)
                        if arg.alias_info is not None and arg.alias_info.is_write]
         elif node.target in _IN_PLACE_OPERATORS or getattr(operator, _name(node).strip("_"), None) in \
                 _IN_PLACE_OPERATORS:   # also `x.__iadd__(y)`
@@ -59,6 +59,13 @@ def mutated_inputs(gm: fx.GraphModule) -> set[int]:
             written = [node.args[0]]
         mutated.update(i for i in map(base_input, written) if i is not None)
     return mutated
+
+
+def _argument(node: fx.Node, argument: torch.Argument, position: int):
+    """The value `node` passes for a schema argument, positionally or by keyword (None when not passed)."""
+    if position < len(node.args) and not argument.kwarg_only:
+        return node.args[position]
+    return node.kwargs.get(argument.name)
 
 
 def _name(node: fx.Node) -> str:
@@ -77,6 +84,7 @@ class CUDAGraphPiece:
         self.runtime = runtime
         self.entries: dict[int | None, _Entry] = {}
         self.seen_sizes: set[int | None] = set()
+        self.failed_sizes: set[int | None] = set()   # sizes whose capture failed: they run un-graphed
         self._warned_moved = False
         runtime.pieces.append(self)
 
@@ -90,7 +98,7 @@ class CUDAGraphPiece:
         # size None: either fully static inputs (one graph serves every call) or several independent dynamic
         # sizes, which no single capture size describes: those pieces always run un-graphed.
         capturable = size in self.runtime.capture_sizes if size is not None else not self.piece.has_symbols
-        if capturable and self.runtime.capture_allowed and size in self.seen_sizes:
+        if capturable and self.runtime.capture_allowed and size in self.seen_sizes and size not in self.failed_sizes:
             return self._capture(size, args)
         self.seen_sizes.add(size)   # the first run at a size is the warm-up (lazy kernel loading, autotuning)
         return self.piece(*args)
@@ -122,7 +130,15 @@ class CUDAGraphPiece:
             else:
                 inputs.append(arg.clone())
                 copy_in.append(i)
-        graph, outputs = cuda_runtime.capture(lambda: self.piece(*inputs), self.runtime.pool())
+        try:
+            graph, outputs = cuda_runtime.capture(lambda: self.piece(*inputs), self.runtime.pool())
+        except Exception as error:   # noqa: BLE001 - a piece that cannot be captured runs without a graph
+            if not self.failed_sizes:
+                first_line = (str(error).strip().splitlines() or [""])[0]
+                logger.warning("CUDA graph capture of %s failed (%s: %s); it runs without a graph at that size",
+                               self.name, type(error).__name__, first_line)
+            self.failed_sizes.add(size)
+            return self.piece(*args)
         graph.replay()   # capturing only records: this call's results come from the first replay
         self.entries[size] = _Entry(graph, inputs, copy_in, pinned, outputs)
         self.runtime.mark_stable(outputs if isinstance(outputs, (list, tuple)) else [outputs])

@@ -20,11 +20,20 @@ def piece_graphs_bypassed() -> bool:
 
 @contextlib.contextmanager
 def bypass_piece_graphs():
-    _local.bypass = True
+    was, _local.bypass = piece_graphs_bypassed(), True
     try:
         yield
     finally:
-        _local.bypass = False
+        _local.bypass = was
+
+
+_CUDA_BUILT = torch.backends.cuda.is_built()
+
+
+def stream_capturing() -> bool:
+    """The current CUDA stream is being captured into a graph (False on a torch built without CUDA, where torch's
+    own query raises). Tests on the CPU substitute it while their stand-in for `capture` runs."""
+    return _CUDA_BUILT and torch.cuda.is_current_stream_capturing()
 
 
 def capture(fn, pool):
@@ -109,6 +118,7 @@ class GraphRuntime:
         self.debug = debug
         self.counters = counters
         self.pieces: list = []   # the CUDAGraphPiece wrappers, for statistics
+        self.full_runners: list = []   # drop-in FULL graphs (cudagraph.dropin.DropInGraphs), for statistics
         self._pool = None
 
     @property

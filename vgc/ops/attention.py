@@ -18,7 +18,9 @@ Contract of the CUDA path: a batch with as many tokens as sequences is a decode
 batch, one token per sequence (token t is sequence t's last position). It is
 served by a Triton kernel that reads every length on the device (no host sync,
 so it can be captured in a CUDA graph); there a padding row attends like the
-sequence it pads (nothing, for a padded length 0).
+sequence it pads (nothing, for a padded length 0). Other batches read their
+lengths on the host, so capturing one raises (the caller captures it
+piecewise instead) rather than record a kernel for the wrong batch.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vgc.cudagraph import runtime as cuda_runtime  # module attribute: tests substitute it
 from vgc.ops import triton_attention
 
 __all__ = ["attention", "reference_attention"]
@@ -68,11 +71,17 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
                      scale, use_sdpa):
     _check_args(output, query, key, value, key_cache, value_cache,
                 slot_mapping, block_table, seq_lens, query_start_loc)
+    decode = query.shape[0] == seq_lens.shape[0]
+    if not decode and cuda_runtime.stream_capturing():
+        raise RuntimeError(
+            f"vgc::attention cannot run inside a CUDA graph capture for {query.shape[0]} tokens over "
+            f"{seq_lens.shape[0]} sequences: only decode batches (one token per sequence) run without a host "
+            "sync; capture such batches as PIECEWISE graphs (attention between the graphs)")
     use_triton = use_sdpa and triton_attention.HAS_TRITON and query.is_cuda
-    if use_triton and (query.shape[0] == seq_lens.shape[0] or torch.cuda.is_current_stream_capturing()):
+    if use_triton and decode:
         # As many tokens as sequences means one token per sequence (the op's contract): token t is sequence
-        # t's last position. Decided from shapes, with no host sync, so it also runs inside a CUDA graph,
-        # where it must be a decode batch. One kernel writes the new K/V and attends.
+        # t's last position. Decided from shapes, with no host sync, so it also runs inside a CUDA graph.
+        # One kernel writes the new K/V and attends.
         triton_attention.decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping,
                                           block_table, seq_lens, scale)
         return

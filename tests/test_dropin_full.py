@@ -1,0 +1,170 @@
+"""Drop-in `torch.compile(model, backend="vgc")` with FULL CUDA graphs, on the CPU through the capture stand-in
+(`conftest.simulated_capture`: a replay re-runs the captured code on the captured tensors, so a stale read or an
+output overwritten by the next call shows as a wrong value). `tests/test_gpu.py` runs the same on CUDA."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+import vgc
+from vgc.cudagraph import runtime as cuda_runtime
+from vgc.cudagraph.dropin import MAX_RECAPTURES
+from vgc.models import llama
+from conftest import FP32_TOL
+
+
+def _dropin(model, mode, sizes=(8,), **options):
+    return torch.compile(model, backend="vgc", options={"cudagraph_mode": mode,
+                                                        "cudagraph_capture_sizes": list(sizes), **options})
+
+
+def _check_step(cfg, model, compiled, n, kind, kv, seed):
+    """One call: equals eager, and wrote the same KV cache entries as eager (in the caller's cache)."""
+    out = compiled(**llama.make_batch(cfg, n, kind, kv_caches=kv, seed=seed))
+    eager_batch = llama.make_batch(cfg, n, kind, seed=seed)
+    torch.testing.assert_close(out, model(**eager_batch), **FP32_TOL, msg=f"{kind} {n} seed {seed}")
+    for cache, eager_cache in zip(kv, eager_batch["kv_caches"]):
+        torch.testing.assert_close(cache, eager_cache, **FP32_TOL)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["full", "full_and_piecewise"])
+def test_full_graph_replays_new_inputs_and_writes_the_callers_kv_cache(mode, tiny, simulated_cuda):
+    counters = simulated_cuda
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = _dropin(model, mode)
+    with torch.no_grad():
+        for seed in range(4):   # warm-up, capture, then replays with other token ids, positions and contexts
+            _check_step(cfg, model, compiled, 8, "decode", kv, seed)
+    assert counters.cudagraph_captures == 1   # one FULL graph, no piece graphs
+    assert counters.cudagraph_replays == 2    # the two calls after the capture
+    assert counters.dynamo_traces == 1
+
+
+def test_outputs_stay_valid_after_the_next_call(tiny, simulated_cuda):
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = _dropin(model, "full")
+    with torch.no_grad():
+        outs = [compiled(**llama.make_batch(cfg, 8, "decode", kv_caches=kv, seed=seed)) for seed in range(4)]
+        for seed, out in enumerate(outs):   # no clone by the caller: earlier replays' outputs were not overwritten
+            torch.testing.assert_close(out, model(**llama.make_batch(cfg, 8, "decode", seed=seed)), **FP32_TOL)
+
+
+def test_a_moved_kv_cache_runs_without_the_graph_then_captures_again(tiny, simulated_cuda, caplog):
+    counters = simulated_cuda
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = _dropin(model, "full")
+    caplog.set_level(logging.INFO, logger="vgc")
+    with torch.no_grad():
+        for seed in range(3):
+            _check_step(cfg, model, compiled, 8, "decode", kv, seed)
+        assert counters.cudagraph_captures == 1
+        other = llama.make_kv_caches(cfg)
+        with counters.expect(eager_runs=1, cudagraph_captures=0):   # the graph would write the old cache
+            _check_step(cfg, model, compiled, 8, "decode", other, 5)
+        assert "kv_caches" in caplog.text and "not at the address" in caplog.text
+        with counters.expect(cudagraph_captures=1):                 # captured again at the new address
+            _check_step(cfg, model, compiled, 8, "decode", other, 6)
+        with counters.expect(cudagraph_captures=0, eager_runs=0):
+            _check_step(cfg, model, compiled, 8, "decode", other, 7)
+
+
+def test_inputs_that_keep_moving_stop_being_captured(tiny, simulated_cuda, caplog):
+    counters = simulated_cuda
+    cfg, model = tiny
+    compiled = _dropin(model, "full")
+    with torch.no_grad():
+        for seed in range(3 + 2 * (MAX_RECAPTURES + 2)):   # new caches on every other call
+            kv = llama.make_kv_caches(cfg) if seed % 2 == 0 else kv
+            _check_step(cfg, model, compiled, 8, "decode", kv, seed)
+    assert counters.cudagraph_captures == 1 + MAX_RECAPTURES
+    assert f"moved {MAX_RECAPTURES + 1} times" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["full", "full_and_piecewise"])
+def test_a_batch_attention_cannot_capture_falls_back_to_piecewise_graphs(mode, tiny, simulated_cuda, caplog):
+    """vgc::attention refuses to be captured for prefill (it reads lengths on the host): that signature runs on
+    piece graphs, with one warning naming the op; decode batches still get their FULL graph."""
+    counters = simulated_cuda
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = _dropin(model, mode)
+    caplog.set_level(logging.WARNING, logger="vgc")
+    with torch.no_grad():
+        for seed in range(4):
+            _check_step(cfg, model, compiled, 8, "prefill", kv, seed)
+        warnings = [r.getMessage() for r in caplog.records if "capture failed" in r.getMessage()]
+        assert len(warnings) == 1 and "vgc::attention" in warnings[0] and "PIECEWISE" in warnings[0]
+        assert counters.cudagraph_captures == 3   # the three compiled pieces, each with its own graph
+        with counters.expect(cudagraph_captures=1):
+            for seed in range(3):
+                _check_step(cfg, model, compiled, 8, "decode", kv, seed)
+
+
+def test_sizes_outside_the_capture_list(tiny, simulated_cuda):
+    """FULL runs them without graphs; FULL_AND_PIECEWISE on piece graphs where the pieces' size is a capture size."""
+    counters = simulated_cuda
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = _dropin(model, "full", sizes=(4,))
+    with torch.no_grad():
+        for n in (4, 6, 6, 6):   # 4 compiles a static graph, 6 a symbolic one: size 6 is not a capture size
+            _check_step(cfg, model, compiled, n, "decode", kv, n)
+    assert counters.cudagraph_captures == 0 and counters.eager_runs == 4
+
+
+# ---- ops a graph cannot hold ----
+
+@torch.library.custom_op("vgc_test::host_sync", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def host_sync(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@host_sync.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("vgc_test::syncs_when_captured", mutates_args=())
+def syncs_when_captured(x: torch.Tensor) -> torch.Tensor:
+    if cuda_runtime.stream_capturing():   # what a .item() inside a real capture does
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    return x * 2
+
+
+@syncs_when_captured.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class CallsAnOp(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down(self.op(torch.relu(self.up(x)))) + x
+
+
+@pytest.mark.parametrize("op, named", [(host_sync, "vgc_test::host_sync"),
+                                       (syncs_when_captured, "operation not permitted")])
+def test_an_op_a_graph_cannot_hold_gives_piecewise_graphs_and_one_warning(op, named, simulated_cuda, caplog):
+    counters = simulated_cuda
+    torch.manual_seed(0)
+    model = CallsAnOp(op)
+    compiled = _dropin(model, "full", splitting_ops=[str(op._opoverload.name())])
+    caplog.set_level(logging.WARNING, logger="vgc")
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(8, 8)
+            torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+    warnings = [r.getMessage() for r in caplog.records if "FULL" in r.getMessage()]
+    assert len(warnings) == 1 and named in warnings[0] and "PIECEWISE" in warnings[0]
+    assert counters.cudagraph_captures == 2   # the pieces before and after the op
+    assert counters.cudagraph_replays > 0

@@ -1,0 +1,133 @@
+"""`vgc bench hf`: unmodified Hugging Face transformers models under every execution strategy, in one run.
+
+Models (random weights, bf16, built on the GPU): `llama`, a `LlamaModel` shaped like Llama-3.2-1B (16 layers,
+hidden 2048, 32/8 heads), run on whole sequences without a KV cache; `vit`, a `ViTModel` shaped like ViT-L/16
+(24 layers, hidden 1024, 224x224 images). Both use SDPA attention, which the vgc rows split at.
+
+Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", and drop-in
+torch.compile(backend="vgc") with cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE. Each model is
+compiled once per row and called at every shape in turn (Dynamo compiles the first shape static and the next one
+with symbolic sizes, as for any user). Each cell is the median of `--steps` calls timed with CUDA events after
+`--warmup` untimed calls (graphs are captured during those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from vgc.bench.decode import time_steps
+
+SPLIT_AT_SDPA = ["aten::scaled_dot_product_attention"]
+
+
+def _llama(layers: int | None):
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=layers or 16,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096, rope_theta=500000.0,
+        attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    with torch.device("cuda"):
+        model = transformers.LlamaModel(config).to(torch.bfloat16).eval()
+
+    def batch(shape: str) -> dict:
+        b, t = (int(x) for x in shape.split("x"))
+        generator = torch.Generator("cuda").manual_seed(0)
+        return {"input_ids": torch.randint(0, config.vocab_size, (b, t), device="cuda", generator=generator),
+                "use_cache": False}
+    return model, batch
+
+
+def _vit(layers: int | None):
+    import transformers
+
+    config = transformers.ViTConfig(hidden_size=1024, num_hidden_layers=layers or 24, num_attention_heads=16,
+                                    intermediate_size=4096, image_size=224, patch_size=16,
+                                    attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    with torch.device("cuda"):
+        model = transformers.ViTModel(config, add_pooling_layer=False).to(torch.bfloat16).eval()
+
+    def batch(shape: str) -> dict:
+        generator = torch.Generator("cuda").manual_seed(0)
+        return {"pixel_values": torch.randn(int(shape), 3, 224, 224, device="cuda", dtype=torch.bfloat16,
+                                            generator=generator)}
+    return model, batch
+
+
+MODELS = {"llama": (_llama, "1x16,4x128"), "vit": (_vit, "1,8,32")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vgc bench hf")
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama")
+    parser.add_argument("--shapes", help="comma-separated shapes: BxT for llama (default 1x16,4x128), batch "
+                                         "sizes for vit (default 1,8,32)")
+    parser.add_argument("--layers", type=int, help="fewer layers than the real shape (quick runs)")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("vgc bench hf needs a CUDA device")
+    import vgc  # noqa: F401 - registers the "vgc" backend
+
+    build_model, default_shapes = MODELS[args.model]
+    model, make_batch = build_model(args.layers)
+    shapes = (args.shapes or default_shapes).split(",")
+
+    def dropin(mode: str):
+        return torch.compile(model, backend="vgc", options={"cudagraph_mode": mode, "splitting_ops": SPLIT_AT_SDPA})
+
+    rows = {
+        "eager": lambda: model,
+        "inductor default": lambda: torch.compile(model),
+        "inductor reduce-overhead": lambda: torch.compile(model, mode="reduce-overhead"),
+        "drop-in NONE": lambda: dropin("none"),
+        "drop-in PIECEWISE": lambda: dropin("piecewise"),
+        "drop-in FULL": lambda: dropin("full"),
+        "drop-in FULL_AND_PIECEWISE": lambda: dropin("full_and_piecewise"),
+    }
+    only = [r.strip() for r in args.only.split(",") if r.strip()]
+    results = {}
+    for name, build in rows.items():
+        if only and name not in only:
+            continue
+        torch.compiler.reset()
+        start = time.perf_counter()
+        fn = build()
+        cells = {}
+        for shape in shapes:
+            batch = make_batch(shape)
+            with torch.no_grad():
+                fn(**batch)   # untimed: compiles on first use of a shape
+            torch.cuda.synchronize()
+            cells[shape] = time_steps(fn, batch, args.warmup, args.steps)
+        results[name] = {"ms": cells, "setup_s": time.perf_counter() - start}
+        print(f"  {name}: " + ", ".join(f"{s} {v:.3f} ms" for s, v in cells.items()), flush=True)
+
+    print(f"\nvgc bench hf: transformers {args.model} bf16 on {torch.cuda.get_device_name()}, torch "
+          f"{torch.__version__}; median of {args.steps} calls (ms)")
+    print(f"{'strategy':28s}" + "".join(f"{s:>12s}" for s in shapes))
+    for name, r in results.items():
+        print(f"{name:28s}" + "".join(f"{r['ms'][s]:12.3f}" for s in shapes))
+    for base_name in ("inductor reduce-overhead", "drop-in PIECEWISE"):
+        base = results.get(base_name)
+        if base:
+            print(f"\nspeed-up over {base_name}:")
+            for name, r in results.items():
+                print(f"{name:28s}" + "".join(f"{base['ms'][s] / r['ms'][s]:11.2f}x" for s in shapes))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "layers": args.layers, "torch": torch.__version__,
+                       "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+                       "steps": args.steps, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

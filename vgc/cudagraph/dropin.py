@@ -1,0 +1,255 @@
+"""FULL CUDA graphs for drop-in `torch.compile(model, backend="vgc")`: the whole compiled forward, attention included,
+captured per call signature as Dynamo hands them in.
+
+`vgc.compile` owns its inputs (it pads them into its own buffers); a drop-in backend only sees what Dynamo passes.
+So each Dynamo graph gets a `DropInGraphs` that keys calls by their sizes and, the second time it meets a key,
+captures the forward with:
+- the model's weights and buffers, and inputs the graph writes in place (KV caches), read where they are: their
+  addresses are baked into the graph and checked before every replay. One that moved makes that call run without
+  the graph and the key capture again at the new address; an input that keeps moving stops being captured.
+- every other tensor input copied into a buffer of the graph's own before each replay.
+Outputs live in graph memory; the backend clones them out (`backend._copy_graph_outputs`), so a caller may keep
+them across calls.
+
+A graph that cannot be captured (an op tagged `cudagraph_unsafe`, a CPU tensor, or a capture that fails, e.g. on
+a host sync) runs on PIECEWISE graphs instead, with one log line naming the op.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from vgc import _compat
+from vgc.config import CUDAGraphMode
+from vgc.counters import counters
+from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
+from vgc.cudagraph.runtime import GraphRuntime, bypass_piece_graphs, frozen_gc, piece_graphs_bypassed
+
+logger = logging.getLogger("vgc")
+
+# A key whose inputs moved this many times stops being captured (each move costs a capture).
+MAX_RECAPTURES = 3
+
+_data_ptr = torch.Tensor.data_ptr
+
+
+@dataclass
+class _Captured:
+    graph: object
+    inputs: list                 # what the graph reads: the call's arguments, copies where they are copied in
+    copy_targets: list           # the graph's own buffers, refreshed from the call's arguments before each replay
+    pinned_ptrs: list[int]       # addresses of the pinned inputs at capture, in `pinned` order
+    outputs: object
+    moves: int = 0               # how often a pinned input of this signature moved before
+
+
+class _NotCaptured:
+    """A key's state before its capture (`seen` calls so far) or after giving up on it (`reason`)."""
+    __slots__ = ("seen", "moves", "reason")
+
+    def __init__(self, seen: int = 0, moves: int = 0, reason: str = ""):
+        self.seen, self.moves, self.reason = seen, moves, reason
+
+
+@dataclass(frozen=True)
+class GraphInputs:
+    """What the runner needs to know about a Dynamo graph's inputs, read once from the traced graph."""
+    names: list[str]             # where Dynamo read each input, for messages
+    pinned: list[int]            # weights, buffers and inputs written in place: read where they are
+    copied: list[int]            # other tensors: copied into the graph's buffers
+    scalars: list[int]           # non-tensor inputs (symbolic sizes among them): part of the key
+    symbolic: list[int]          # the symbolic sizes, in graph order: the first one is "the size"
+    shaped: list[int]            # tensors that are not model state: their shapes are part of the key
+
+    @classmethod
+    def of(cls, example_inputs: list, state: list[bool], mutated: set[int], names: list[str]) -> "GraphInputs":
+        pinned, copied, scalars = [], [], []
+        for i, value in enumerate(example_inputs):
+            if not isinstance(value, torch.Tensor):
+                scalars.append(i)
+            elif state[i] or i in mutated:
+                pinned.append(i)
+            else:
+                copied.append(i)
+        symbolic = [i for i in scalars if isinstance(example_inputs[i], torch.SymInt)]
+        shaped = [i for i, value in enumerate(example_inputs) if isinstance(value, torch.Tensor) and not state[i]]
+        return cls(names, pinned, copied, scalars, symbolic, shaped)
+
+
+def full_graph_blocker(gm: fx.GraphModule) -> str | None:
+    """Why no FULL graph can hold `gm`, read from the graph alone, or None. Ops that declare themselves unsafe
+    (`torch.Tag.cudagraph_unsafe`) and CPU tensors beside CUDA ones (a graph would replay the CPU side's values
+    of its capture) are caught here; a host sync inside an op shows only when its capture fails."""
+    unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    devices: dict[str, str] = {}
+    for node in gm.graph.nodes:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverloadPacket):
+            target = getattr(target, "default", target)
+        if unsafe_tag is not None and unsafe_tag in getattr(target, "tags", ()):
+            return f"op {target.name()} is tagged cudagraph_unsafe"
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor):
+            devices.setdefault(value.device.type, node.name)
+    if "cuda" in devices and "cpu" in devices:
+        return f"{devices['cpu']} is a CPU tensor in a CUDA graph"
+    return None
+
+
+class DropInGraphs:
+    """The FULL graphs of one Dynamo graph under drop-in `torch.compile(backend="vgc")`.
+
+    `forward` is the split graph's forward, whose compiled pieces capture PIECEWISE graphs of their own unless
+    `bypass_piece_graphs()` is on. Which calls get a FULL graph: those whose first symbolic size (in the order
+    Dynamo's graph inputs introduce them: the token or batch dim of the first dynamic input) is a capture size;
+    other symbolic sizes only tell signatures apart. A graph with no symbolic size has one signature, always
+    captured. Other calls run PIECEWISE under FULL_AND_PIECEWISE and without graphs under FULL; calls whose
+    capture failed run PIECEWISE in both modes.
+    """
+
+    def __init__(self, forward: Callable, inputs: GraphInputs, mode: CUDAGraphMode, runtime: GraphRuntime,
+                 *, label: str, blocker: str | None = None):
+        self.forward = forward
+        self.inputs = inputs
+        self.mode = mode
+        self.runtime = runtime
+        self.label = label
+        self.entries: dict[tuple, _Captured | _NotCaptured] = {}
+        self._pinned_of = _getter(inputs.pinned)
+        self._copied_of = _getter(inputs.copied)
+        self._key_of = _key_function(inputs)
+        self._told: set[str] = set()
+        self.blocker = blocker
+        if blocker is not None:
+            self._tell(f"{label}: no FULL CUDA graph ({blocker}); it runs on PIECEWISE graphs")
+        runtime.full_runners.append(self)
+
+    @property
+    def full_graphs(self) -> int:
+        return sum(isinstance(e, _Captured) for e in self.entries.values())
+
+    def __call__(self, *args):
+        if piece_graphs_bypassed() or self.blocker is not None:
+            return self.forward(*args)
+        key = self._key_of(args)
+        entry = self.entries.get(key)
+        if entry.__class__ is _Captured:
+            if list(map(_data_ptr, self._pinned_of(args))) != entry.pinned_ptrs:
+                return self._moved(key, entry, args)
+            if entry.copy_targets:
+                _compat.copy_many(entry.copy_targets, self._copied_of(args))
+            entry.graph.replay()
+            counters.cudagraph_replays += 1
+            return entry.outputs
+        if entry is None:
+            entry = self.entries[key] = _NotCaptured(reason="" if self._qualifies(args) else "size")
+        if entry.reason:
+            return self._without_full_graph(entry.reason, args)
+        entry.seen += 1
+        if entry.seen == 1:   # the first call at a signature warms up (lazy kernel loading, autotuning)
+            return self._without_full_graph("warm-up", args)
+        return self._capture(key, entry, args)
+
+    def _qualifies(self, args) -> bool:
+        symbolic = self.inputs.symbolic
+        return not symbolic or args[symbolic[0]] in self.runtime.capture_sizes
+
+    def _without_full_graph(self, why: str, args):
+        """Calls FULL graphs do not serve: PIECEWISE graphs for a failed capture or under FULL_AND_PIECEWISE,
+        else (FULL) the compiled pieces without graphs."""
+        if why == "capture failed" or self.mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+            return self.forward(*args)
+        counters.eager_runs += 1
+        with bypass_piece_graphs():
+            return self.forward(*args)
+
+    def _capture(self, key: tuple, entry: _NotCaptured, args):
+        inputs = list(args)
+        for i in self.inputs.copied:
+            inputs[i] = args[i].clone()
+        try:
+            with frozen_gc(), bypass_piece_graphs():
+                graph, outputs = cuda_runtime.capture(lambda: self.forward(*inputs), self.runtime.pool())
+        except Exception as error:   # noqa: BLE001 - any failure to capture means: run this signature piecewise
+            entry.reason = "capture failed"
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            self._tell(f"{self.label}: FULL CUDA graph capture failed at sizes {_sizes(key)} "
+                       f"({type(error).__name__}: {first_line}); that signature runs on PIECEWISE graphs")
+            return self.forward(*args)
+        copied_storages = {inputs[i].untyped_storage().data_ptr(): i for i in self.inputs.copied}
+        out_tensors = [o for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
+                       if isinstance(o, torch.Tensor)]
+        for out in out_tensors:
+            i = copied_storages.get(out.untyped_storage().data_ptr())
+            if i is not None:   # replays would hand out the graph's input buffer, not a view of the caller's tensor
+                entry.reason = "capture failed"
+                self._tell(f"{self.label}: the graph returns a view of its input {self.inputs.names[i]}, which "
+                           "a FULL graph reads from a copy; it runs on PIECEWISE graphs")
+                return self.forward(*args)
+        graph.replay()   # capturing only records: this call's results come from the first replay
+        pinned = list(self._pinned_of(inputs))
+        self.entries[key] = _Captured(graph, inputs, [inputs[i] for i in self.inputs.copied],
+                                      list(map(_data_ptr, pinned)), outputs, entry.moves)
+        pinned_storages = {t.untyped_storage().data_ptr() for t in pinned}
+        # Outputs that are views of the caller's own tensors (a KV cache) are theirs; the rest is graph memory.
+        self.runtime.mark_stable(o for o in out_tensors if o.untyped_storage().data_ptr() not in pinned_storages)
+        self.runtime.counters.add(cudagraph_captures=1)
+        logger.debug("%s: captured a FULL graph at sizes %s (%d inputs copied in, %d read in place)", self.label,
+                     _sizes(key), len(self.inputs.copied), len(pinned))
+        return outputs
+
+    def _moved(self, key: tuple, entry: _Captured, args):
+        """A pinned input is not where the graph reads it: run without the graph, and capture again at the new
+        address next time, up to `MAX_RECAPTURES` times per signature."""
+        now = list(map(_data_ptr, self._pinned_of(args)))
+        moved = next(i for i, a, b in zip(self.inputs.pinned, now, entry.pinned_ptrs) if a != b)
+        name = self.inputs.names[moved]
+        moves = entry.moves + 1
+        if moves > MAX_RECAPTURES:
+            self.entries[key] = _NotCaptured(moves=moves, reason="moving inputs")
+            self._tell(f"{self.label}: input {name} moved {moves} times at sizes {_sizes(key)}; that signature "
+                       "now runs without a FULL graph (allocate KV caches once and pass the same tensors)")
+        else:
+            self.entries[key] = _NotCaptured(seen=1, moves=moves)
+            self._tell(f"{self.label}: input {name} is not at the address its FULL CUDA graph read; that call "
+                       "runs without the graph and the next one captures again", level=logging.INFO)
+        counters.eager_runs += 1
+        with bypass_piece_graphs():
+            return self.forward(*args)
+
+    def _tell(self, message: str, level: int = logging.WARNING) -> None:
+        if message not in self._told:
+            self._told.add(message)
+            logger.log(level, "%s", message)
+
+
+def _getter(positions: list[int]) -> Callable:
+    """args -> the values at `positions`, as a sequence (operator.itemgetter, which returns a bare value for one
+    position)."""
+    if not positions:
+        return lambda args: ()
+    if len(positions) == 1:
+        (i,) = positions
+        return lambda args: (args[i],)
+    return operator.itemgetter(*positions)
+
+
+def _key_function(inputs: GraphInputs) -> Callable:
+    """args -> the call's signature: its scalar inputs and the shapes of the tensors that are not model state
+    (Dynamo's guards fix the rest)."""
+    scalars = _getter(inputs.scalars)
+    shaped = _getter(inputs.shaped)
+    return lambda args: (tuple(scalars(args)), tuple(t.shape for t in shaped(args)))
+
+
+def _sizes(key: tuple) -> str:
+    scalars, shapes = key
+    if scalars:
+        return ", ".join(map(str, scalars))
+    return ", ".join("x".join(map(str, s)) for s in shapes[:2]) or "()"
