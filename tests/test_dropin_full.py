@@ -168,3 +168,35 @@ def test_an_op_a_graph_cannot_hold_gives_piecewise_graphs_and_one_warning(op, na
     assert len(warnings) == 1 and named in warnings[0] and "PIECEWISE" in warnings[0]
     assert counters.cudagraph_captures == 2   # the pieces before and after the op
     assert counters.cudagraph_replays > 0
+
+
+def _bad_ids(batch, cfg):
+    batch["input_ids"][0] = cfg.vocab_size + 3
+    return batch
+
+
+def test_a_full_graph_replay_checks_token_ids_first(tiny, simulated_cuda):
+    """A replay skips the compiled forward, so the id check sits outside the graphs: an id outside the embedding is
+    an IndexError (the compiled kernel would abort the process on CPU, and poison the CUDA context on a GPU)."""
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = _dropin(model, "full")
+    with torch.no_grad():
+        for seed in range(3):
+            _check_step(cfg, model, compiled, 8, "decode", kv, seed)
+        with pytest.raises(IndexError, match="input_ids holds ids"):
+            compiled(**_bad_ids(llama.make_batch(cfg, 8, "decode", kv_caches=kv), cfg))
+        _check_step(cfg, model, compiled, 8, "decode", kv, 4)
+
+
+def test_vgc_compile_full_replay_checks_token_ids_first(tiny, simulated_cuda):
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="full", cudagraph_capture_sizes=[4, 8]),
+                           pad_values=llama.PAD_VALUES)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode", kv_caches=kv))
+    with torch.no_grad(), simulated_cuda.expect(cudagraph_replays=0):
+        with pytest.raises(IndexError, match="input_ids holds ids"):
+            compiled(**_bad_ids(llama.make_batch(cfg, 6, "decode", kv_caches=kv), cfg))
+    with torch.no_grad():
+        _check_step(cfg, model, compiled, 6, "decode", kv, 1)

@@ -114,7 +114,8 @@ class CompiledModel:
         if graph_mode != CUDAGraphMode.NONE:
             graphs = GraphDispatcher(self._call_arguments, graph_mode, self.config.resolved_capture_sizes(),
                                      padded_dims(dynamic, arguments), self.pad_values, self.uniform_decode,
-                                     self.backend.graph_runtime, arguments, out)
+                                     self.backend.graph_runtime, arguments, out,
+                                     graph.input_check.by_argument_name() if graph.input_check else None)
         self.contract, self.graphs = contract, graphs   # together: a call sees a whole traced model or none
         total = time.perf_counter() - start
         self._seconds.update(session.seconds, first_call=total)

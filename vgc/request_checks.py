@@ -24,6 +24,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from vgc import _compat, envs
+from vgc.cudagraph import runtime as cuda_runtime  # module attribute: tests substitute it
 from vgc.cudagraph.piece import mutated_inputs
 
 # Embedding lookups as Dynamo (or a hand-made aten graph) records them, and where their indices are.
@@ -54,20 +55,39 @@ class InputIdCheck:
 
     def __call__(self, args) -> None:
         for item in self.checked:
-            ids = args[item.position]
-            if not isinstance(ids, torch.Tensor) or ids.numel() == 0:   # aminmax refuses an empty tensor
-                continue
-            if ids.is_cuda:
-                if torch.cuda.is_current_stream_capturing():   # a sync would break the capture
-                    continue
-                low, high = torch.stack(torch.aminmax(ids)).tolist()   # one device-to-host copy, not two
-            else:
-                low, high = (value.item() for value in torch.aminmax(ids))
-            if low < 0 or high >= item.rows:
-                raise IndexError(
-                    f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "
-                    f"(valid: 0..{item.rows - 1}); the request was not run. Pass ids from the model's own "
-                    "vocabulary (a tokenizer for another model, or padding with -1, gives such ids).")
+            _check_ids(item, args[item.position])
+
+    def by_argument_name(self) -> Callable[[dict], None] | None:
+        """The same check on a call's bound arguments (name -> value), for callers that run the compiled code
+        without its Dynamo arguments (a FULL CUDA graph replay); ids nested inside an argument are left to the
+        compiled forward's own check. None when nothing is left to check."""
+        named = [(match[1], item) for item in self.checked if (match := _ARGUMENT.fullmatch(item.source))]
+        if not named:
+            return None
+
+        def check(arguments: dict) -> None:
+            for name, item in named:
+                _check_ids(item, arguments.get(name))
+        return check
+
+
+_ARGUMENT = re.compile(r"L\['(\w+)'\]")
+
+
+def _check_ids(item: CheckedInput, ids) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.numel() == 0:   # aminmax refuses an empty tensor
+        return
+    if cuda_runtime.stream_capturing():   # a graph never replays a check: it would only break the capture
+        return
+    if ids.is_cuda:
+        low, high = torch.stack(torch.aminmax(ids)).tolist()   # one device-to-host copy, not two
+    else:
+        low, high = (value.item() for value in torch.aminmax(ids))
+    if low < 0 or high >= item.rows:
+        raise IndexError(
+            f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "
+            f"(valid: 0..{item.rows - 1}); the request was not run. Pass ids from the model's own "
+            "vocabulary (a tokenizer for another model, or padding with -1, gives such ids).")
 
 
 def checker_for(gm: fx.GraphModule, example_inputs: list) -> InputIdCheck | None:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("vgc bench hf needs a CUDA device")
-    import vgc  # noqa: F401 - registers the "vgc" backend
+    import vgc   # registers the "vgc" backend
 
     build_model, default_shapes = MODELS[args.model]
     model, make_batch = build_model(args.layers)
@@ -100,15 +100,20 @@ def main(argv: list[str] | None = None) -> int:
         torch.compiler.reset()
         start = time.perf_counter()
         fn = build()
-        cells = {}
-        for shape in shapes:
-            batch = make_batch(shape)
-            with torch.no_grad():
-                fn(**batch)   # untimed: compiles on first use of a shape
-            torch.cuda.synchronize()
-            cells[shape] = time_steps(fn, batch, args.warmup, args.steps)
-        results[name] = {"ms": cells, "setup_s": time.perf_counter() - start}
-        print(f"  {name}: " + ", ".join(f"{s} {v:.3f} ms" for s, v in cells.items()), flush=True)
+        cells, timed = {}, {}
+        with vgc.counters.delta() as row:
+            for shape in shapes:
+                batch = make_batch(shape)
+                with torch.no_grad():
+                    fn(**batch)   # untimed: compiles on first use of a shape
+                torch.cuda.synchronize()
+                with vgc.counters.delta() as during:
+                    cells[shape] = time_steps(fn, batch, args.warmup, args.steps)
+                timed[shape] = {k: during[k] for k in ("cudagraph_replays", "eager_runs")}
+        results[name] = {"ms": cells, "setup_s": time.perf_counter() - start,
+                         "cudagraph_captures": row["cudagraph_captures"], "timed_calls": timed}
+        print(f"  {name}: " + ", ".join(f"{s} {v:.3f} ms" for s, v in cells.items())
+              + f"; {row['cudagraph_captures']} graphs captured, timed calls {timed}", flush=True)
 
     print(f"\nvgc bench hf: transformers {args.model} bf16 on {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}; median of {args.steps} calls (ms)")

@@ -49,8 +49,10 @@ class GraphDispatcher:
 
     def __init__(self, call: Callable[[dict], Any], mode: CUDAGraphMode, capture_sizes: list[int],
                  dynamic: dict[str, int], pad_values: dict | None, uniform_decode: Callable[[dict], bool] | None,
-                 runtime: GraphRuntime, traced_arguments: dict, traced_output: Any):
+                 runtime: GraphRuntime, traced_arguments: dict, traced_output: Any,
+                 id_check: Callable[[dict], None] | None = None):
         self.call = call
+        self.id_check = id_check   # token ids: a FULL replay skips the compiled forward, and its check with it
         self.mode = mode
         self.capture_sizes = sorted(capture_sizes)
         self.dynamic = dynamic
@@ -87,6 +89,8 @@ class GraphDispatcher:
             if full is not None and any(padded_arguments[name].shape != shape for name, shape in full.shapes.items()):
                 full = None   # another dynamic input relates to the batch size differently than at capture
         if full is not None:
+            if self.id_check is not None:
+                self.id_check(arguments)
             self._check_pinned(full, padded_arguments)
             full.graph.replay()
             counters.cudagraph_replays += 1
