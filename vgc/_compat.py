@@ -322,6 +322,15 @@ def _passthrough_type(cls: type) -> type:
     return type(cls.__name__, (cls, ShortenTraceback), {"__init__": __init__, "__module__": cls.__module__})
 
 
+def dynamo_compile_id() -> str | None:
+    """The id of the Dynamo compile in progress ("frame/recompile", e.g. "0/1"), or None outside one; the id
+    torch's own logs use. Read from the private `torch._guards.CompileContext`."""
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    return None if compile_id is None else str(compile_id)
+
+
 def through_dynamo(exc: Exception) -> Exception:
     """An exception of the same type (a subclass) that Dynamo re-raises unwrapped from a backend.
 

@@ -314,7 +314,8 @@ class VgcBackend:
         state = [_is_model_state(node, value) for node, value in zip(placeholders, example_inputs)]
         inputs = GraphInputs.of(example_inputs, state, mutated_inputs(gm),
                                 [_compat.placeholder_source_name(node) or node.name for node in placeholders])
-        label = f"graph {len(self.graphs)}"
+        compile_id = _compat.dynamo_compile_id()   # each drop-in graph has a backend of its own: name it as torch does
+        label = f"Dynamo graph {compile_id}" if compile_id else f"graph {len(self.graphs)}"
         blocker = full_graph_blocker(gm)
         return lambda forward: DropInGraphs(forward, inputs, mode, graph_runtime, label=label, blocker=blocker)
 

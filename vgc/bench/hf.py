@@ -5,7 +5,8 @@ hidden 2048, 32/8 heads), run on whole sequences without a KV cache; `vit`, a `V
 (24 layers, hidden 1024, 224x224 images). Both use SDPA attention, which the vgc rows split at.
 
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", and drop-in
-torch.compile(backend="vgc") with cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE. Each model is
+torch.compile(backend="vgc") with cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE split at SDPA, and
+FULL with `splitting_ops=[]` ("one piece": Inductor compiles attention too, as reduce-overhead does). Each model is
 compiled once per row and called at every shape in turn (Dynamo compiles the first shape static and the next one
 with symbolic sizes, as for any user). Each cell is the median of `--steps` calls timed with CUDA events after
 `--warmup` untimed calls (graphs are captured during those).
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     model, make_batch = build_model(args.layers)
     shapes = (args.shapes or default_shapes).split(",")
 
-    def dropin(mode: str):
-        return torch.compile(model, backend="vgc", options={"cudagraph_mode": mode, "splitting_ops": SPLIT_AT_SDPA})
+    def dropin(mode: str, splitting_ops=SPLIT_AT_SDPA):
+        return torch.compile(model, backend="vgc", options={"cudagraph_mode": mode, "splitting_ops": splitting_ops})
 
     rows = {
         "eager": lambda: model,
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "drop-in NONE": lambda: dropin("none"),
         "drop-in PIECEWISE": lambda: dropin("piecewise"),
         "drop-in FULL": lambda: dropin("full"),
+        "drop-in FULL, one piece": lambda: dropin("full", splitting_ops=[]),
         "drop-in FULL_AND_PIECEWISE": lambda: dropin("full_and_piecewise"),
     }
     only = [r.strip() for r in args.only.split(",") if r.strip()]
