@@ -200,3 +200,31 @@ def test_vgc_compile_full_replay_checks_token_ids_first(tiny, simulated_cuda):
             compiled(**_bad_ids(llama.make_batch(cfg, 6, "decode", kv_caches=kv), cfg))
     with torch.no_grad():
         _check_step(cfg, model, compiled, 6, "decode", kv, 1)
+
+
+class TwoDynamicDims(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):   # x: [batch, length, 8]
+        return self.proj(x).softmax(dim=1)
+
+
+def test_at_most_one_full_graph_per_capture_size(simulated_cuda, caplog):
+    """Shapes with a second symbolic size (a length) could each get a graph: the count stops at the number of
+    capture sizes, and later shapes run without one (FULL) after one warning."""
+    counters = simulated_cuda
+    torch.manual_seed(0)
+    model = TwoDynamicDims()
+    compiled = _dropin(model, "full", sizes=(2, 4))
+    caplog.set_level(logging.WARNING, logger="vgc")
+    with torch.no_grad():
+        for batch, length in [(2, 3), (2, 5), (4, 7), (2, 9), (4, 3)]:
+            for _ in range(3):
+                x = torch.randn(batch, length, 8)
+                torch._dynamo.mark_dynamic(x, 0)
+                torch._dynamo.mark_dynamic(x, 1)
+                torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+    assert counters.cudagraph_captures == 2 and counters.dynamo_traces == 1
+    assert "2 FULL CUDA graphs captured, one per capture size" in caplog.text

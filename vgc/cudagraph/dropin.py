@@ -128,14 +128,13 @@ class DropInGraphs:
         self._copied_of = _getter(inputs.copied)
         self._key_of = _key_function(inputs)
         self._told: set[str] = set()
+        # At most one FULL graph per capture size, as vgc.compile has: a shape with several symbolic sizes (batch
+        # and sequence length) could otherwise fill GPU memory with a graph per sequence length.
+        self.max_graphs = max(len(runtime.capture_sizes), 1)
+        self.full_graphs = 0
         self.blocker = blocker
         if blocker is not None:
             self._tell(f"{label}: no FULL CUDA graph ({blocker}); it runs on PIECEWISE graphs")
-        runtime.full_runners.append(self)
-
-    @property
-    def full_graphs(self) -> int:
-        return sum(isinstance(e, _Captured) for e in self.entries.values())
 
     def __call__(self, *args):
         if piece_graphs_bypassed() or self.blocker is not None:
@@ -151,13 +150,31 @@ class DropInGraphs:
             counters.cudagraph_replays += 1
             return entry.outputs
         if entry is None:
-            entry = self.entries[key] = _NotCaptured(reason="" if self._qualifies(args) else "size")
+            entry = self._new_signature(key) if self._qualifies(args) else None
+            if entry is None:
+                return self._without_full_graph("size", args)
         if entry.reason:
             return self._without_full_graph(entry.reason, args)
         entry.seen += 1
         if entry.seen == 1:   # the first call at a signature warms up (lazy kernel loading, autotuning)
             return self._without_full_graph("warm-up", args)
         return self._capture(key, entry, args)
+
+    def _new_signature(self, key: tuple) -> _NotCaptured | None:
+        """Start tracking a signature; None once `max_graphs` graphs exist. Signatures seen only once are
+        forgotten first, so that shapes which never come back do not pile up."""
+        if self.full_graphs >= self.max_graphs:
+            self._tell(f"{self.label}: {self.full_graphs} FULL CUDA graphs captured, one per capture size; calls "
+                       "of other shapes run without one")
+            return None
+        if len(self.entries) >= 2 * self.max_graphs:
+            stale = next((k for k, e in self.entries.items() if e.__class__ is _NotCaptured and e.seen <= 1
+                          and not e.reason), None)
+            if stale is None:
+                return None
+            del self.entries[stale]
+        entry = self.entries[key] = _NotCaptured()
+        return entry
 
     def _qualifies(self, args) -> bool:
         symbolic = self.inputs.symbolic
@@ -203,6 +220,7 @@ class DropInGraphs:
         # Outputs that are views of the caller's own tensors (a KV cache) are theirs; the rest is graph memory.
         self.runtime.mark_stable(o for o in out_tensors if o.untyped_storage().data_ptr() not in pinned_storages)
         self.runtime.counters.add(cudagraph_captures=1)
+        self.full_graphs += 1
         logger.debug("%s: captured a FULL graph at sizes %s (%d inputs copied in, %d read in place)", self.label,
                      _sizes(key), len(self.inputs.copied), len(pinned))
         return outputs
@@ -215,6 +233,7 @@ class DropInGraphs:
         name = self.inputs.names[moved]
         moves = entry.moves + 1
         self.retired.append(entry.graph)   # its inputs and outputs are freed: the pool reuses their memory
+        self.full_graphs -= 1
         if moves > MAX_RECAPTURES:
             self.entries[key] = _NotCaptured(moves=moves, reason="moving inputs")
             self._tell(f"{self.label}: input {name} moved {moves} times at sizes {_sizes(key)}; that signature "

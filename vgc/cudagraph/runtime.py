@@ -118,7 +118,6 @@ class GraphRuntime:
         self.debug = debug
         self.counters = counters
         self.pieces: list = []   # the CUDAGraphPiece wrappers, for statistics
-        self.full_runners: list = []   # drop-in FULL graphs (cudagraph.dropin.DropInGraphs), for statistics
         self._pool = None
 
     @property
