@@ -78,9 +78,11 @@ def test_inputs_that_keep_moving_stop_being_captured(tiny, simulated_cuda, caplo
     counters = simulated_cuda
     cfg, model = tiny
     compiled = _dropin(model, "full")
+    kv = llama.make_kv_caches(cfg)
     with torch.no_grad():
         for seed in range(3 + 2 * (MAX_RECAPTURES + 2)):   # new caches on every other call
-            kv = llama.make_kv_caches(cfg) if seed % 2 == 0 else kv
+            if seed % 2 == 0:
+                kv = llama.make_kv_caches(cfg)
             _check_step(cfg, model, compiled, 8, "decode", kv, seed)
     assert counters.cudagraph_captures == 1 + MAX_RECAPTURES
     assert f"moved {MAX_RECAPTURES + 1} times" in caplog.text
