@@ -121,9 +121,6 @@ class DropInGraphs:
         self.runtime = runtime
         self.label = label
         self.entries: dict[tuple, _Captured | _NotCaptured] = {}
-        # Graphs replaced by a capture at new addresses, kept: a memory pool whose graphs are all freed cannot be
-        # captured into again (CUDACachingAllocator asserts), and drop-in graphs share the model's pool.
-        self.retired: list = []
         self._pinned_of = _getter(inputs.pinned)
         self._copied_of = _getter(inputs.copied)
         self._key_of = _key_function(inputs)
@@ -232,8 +229,7 @@ class DropInGraphs:
         moved = next(i for i, a, b in zip(self.inputs.pinned, now, entry.pinned_ptrs) if a != b)
         name = self.inputs.names[moved]
         moves = entry.moves + 1
-        self.retired.append(entry.graph)   # its inputs and outputs are freed: the pool reuses their memory
-        self.full_graphs -= 1
+        self.full_graphs -= 1   # its inputs and outputs are freed: the pool reuses their memory
         if moves > MAX_RECAPTURES:
             self.entries[key] = _NotCaptured(moves=moves, reason="moving inputs")
             self._tell(f"{self.label}: input {name} moved {moves} times at sizes {_sizes(key)}; that signature "

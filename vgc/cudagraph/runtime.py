@@ -36,7 +36,22 @@ def stream_capturing() -> bool:
     return _CUDA_BUILT and torch.cuda.is_current_stream_capturing()
 
 
-def capture(fn, pool):
+class GraphPool:
+    """A CUDA graph memory pool and every graph ever captured into it.
+
+    torch's pool handle is a bare id: the pool lives only while a graph that began capturing into it does, and
+    capturing into a pool whose graphs were all freed trips an assertion in the caching allocator. A graph
+    replaced by another (an input moved) or a capture that failed would free the last one; holding every graph
+    here keeps the pool for as long as its owner holds this object. A graph's memory is the pool's, so the old
+    graphs cost only their small executable objects.
+    """
+
+    def __init__(self):
+        self.handle = torch.cuda.graph_pool_handle()
+        self.graphs: list = []
+
+
+def capture(fn, pool: GraphPool):
     """Record `fn()` into a new CUDA graph in `pool`; returns the graph and fn's outputs (its static buffers).
 
     The one place vgc captures: tests on machines without a GPU replace it with a stand-in whose replay
@@ -46,10 +61,11 @@ def capture(fn, pool):
     # torch.cuda.empty_cache() it runs on every entry: callers freeze the collector once around a whole capture
     # loop, and emptying the cache per graph made every following warm-up run allocate afresh.
     graph = torch.cuda.CUDAGraph()
+    pool.graphs.append(graph)   # before capture_begin: a failed capture must not free the pool either
     stream = _capture_stream(torch.cuda.current_device())
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        graph.capture_begin(pool=pool)
+        graph.capture_begin(pool=pool.handle)
         try:
             outputs = fn()
         finally:
@@ -72,9 +88,9 @@ def graphs_supported(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def new_pool():
+def new_pool() -> GraphPool:
     """A fresh memory pool for graphs that share memory (they are replayed one at a time)."""
-    return torch.cuda.graph_pool_handle()
+    return GraphPool()
 
 
 def synchronize(device) -> None:
@@ -136,8 +152,8 @@ class GraphRuntime:
     def pool(self):
         """The one memory pool of this model's graphs, captured largest-first so smaller graphs reuse blocks.
 
-        Owned here, not per process: a pool handle outlives its graphs only while something holds it, and a
-        handle whose graphs were all freed must never be captured into again.
+        Owned here, not per process: the pool (`GraphPool`, which holds every graph captured into it) lives as
+        long as the model.
         """
         if self._pool is None:
             self._pool = new_pool()
