@@ -151,3 +151,19 @@ def test_aten_embedding_and_empty_ids():
     gm = torch.fx.symbolic_trace(lambda weight, ids: torch.ops.aten.embedding.default(weight, ids))
     [checked] = request_checks.checker_for(gm, [torch.zeros(7, 2), torch.tensor([0])]).checked
     assert (checked.position, checked.rows) == (1, 7)
+
+
+def test_the_check_on_bound_arguments_finds_ids_where_dynamo_read_them():
+    """FULL graph replays skip the compiled forward: the check runs on the call's arguments, top-level or nested."""
+    check = request_checks.InputIdCheck([
+        request_checks.CheckedInput(0, "L['input_ids']", "input_ids", "embed", 10),
+        request_checks.CheckedInput(1, "L['batch']['extra'][0]", "batch['extra'][0]", "other", 5),
+        request_checks.CheckedInput(2, "", "x", "unreadable", 5),   # not read from an argument: left out
+    ]).by_argument_name()
+    good = {"input_ids": torch.tensor([0, 9]), "batch": {"extra": [torch.tensor([4])]}}
+    check(good)
+    with pytest.raises(IndexError, match="input_ids holds ids in \\[0, 10\\]"):
+        check({**good, "input_ids": torch.tensor([0, 10])})
+    with pytest.raises(IndexError, match="the embedding other has 5 rows"):
+        check({**good, "batch": {"extra": [torch.tensor([5])]}})
+    assert request_checks.InputIdCheck([request_checks.CheckedInput(0, "", "x", "t", 5)]).by_argument_name() is None

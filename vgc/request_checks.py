@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from vgc import _compat, envs
 from vgc.cudagraph import runtime as cuda_runtime  # module attribute: tests substitute it
 from vgc.cudagraph.piece import mutated_inputs
+from vgc.guards import resolve_source
 
 # Embedding lookups as Dynamo (or a hand-made aten graph) records them, and where their indices are.
 _INDEX_FIRST = {F.embedding}   # F.embedding(input, weight, ...)
@@ -59,15 +60,16 @@ class InputIdCheck:
 
     def by_argument_name(self) -> Callable[[dict], None] | None:
         """The same check on a call's bound arguments (name -> value), for callers that run the compiled code
-        without its Dynamo arguments (a FULL CUDA graph replay); ids nested inside an argument are left to the
-        compiled forward's own check. None when nothing is left to check."""
-        named = [(match[1], item) for item in self.checked if (match := _ARGUMENT.fullmatch(item.source))]
-        if not named:
+        without its Dynamo arguments (a FULL CUDA graph replay). Ids are found where Dynamo read them: an
+        argument, or a part of one (`L['batch']['ids']`). None when there is nothing to check."""
+        rooted = [item for item in self.checked if item.source.startswith("L[")]   # "": not read from an argument
+        if not rooted:
             return None
 
         def check(arguments: dict) -> None:
-            for name, item in named:
-                _check_ids(item, arguments.get(name))
+            for item in rooted:
+                match = _ARGUMENT.fullmatch(item.source)
+                _check_ids(item, arguments.get(match[1]) if match else resolve_source(item.source, arguments))
         return check
 
 
