@@ -230,3 +230,18 @@ def test_at_most_one_full_graph_per_capture_size(simulated_cuda, caplog):
                 torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
     assert counters.cudagraph_captures == 2 and counters.dynamo_traces == 1
     assert "2 FULL CUDA graphs captured, one per capture size" in caplog.text
+
+
+def test_an_unmodified_hugging_face_llama_gets_full_graphs(simulated_cuda):
+    pytest.importorskip("transformers")
+    from conftest import hf_llama
+
+    counters = simulated_cuda
+    model = hf_llama(num_hidden_layers=2)
+    compiled = _dropin(model, "full", sizes=(1, 2, 4), splitting_ops=["aten::scaled_dot_product_attention"])
+    with torch.no_grad():
+        for shape in [(1, 7)] * 3 + [(4, 9)] * 3 + [(2, 9)] * 3:   # a static graph, then one with symbolic sizes
+            ids = torch.randint(0, 128, shape)
+            out = compiled(input_ids=ids, use_cache=False).last_hidden_state
+            torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)
+    assert counters.cudagraph_captures == 3 and counters.cudagraph_replays == 3
