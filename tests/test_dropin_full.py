@@ -245,3 +245,29 @@ def test_an_unmodified_hugging_face_llama_gets_full_graphs(simulated_cuda):
             out = compiled(input_ids=ids, use_cache=False).last_hidden_state
             torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)
     assert counters.cudagraph_captures == 3 and counters.cudagraph_replays == 3
+
+
+def test_what_the_graph_alone_shows_cannot_be_captured():
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from vgc.cudagraph.dropin import full_graph_blocker
+
+    with FakeTensorMode():   # fake CUDA tensors need no GPU
+        on_gpu, on_cpu = torch.empty(3, device="cuda"), torch.empty(3)
+
+    def graph(*values, op=None):
+        g = fx.Graph()
+        nodes = []
+        for i, value in enumerate(values):
+            nodes.append(g.placeholder(f"x{i}"))
+            nodes[-1].meta["example_value"] = value
+        if op is not None:
+            nodes.append(g.call_function(op, (nodes[0],)))
+        g.output(tuple(nodes))
+        return fx.GraphModule({}, g)
+
+    assert full_graph_blocker(graph(on_gpu, on_gpu)) is None
+    assert full_graph_blocker(graph(on_cpu, on_cpu)) is None   # a CPU model: nothing to capture anyway
+    assert full_graph_blocker(graph(on_gpu, on_cpu)) == "x1 is a CPU tensor in a CUDA graph"
+    assert full_graph_blocker(graph(on_gpu, op=torch.ops.vgc_test.host_sync)) == \
+        "op vgc_test::host_sync is tagged cudagraph_unsafe"
