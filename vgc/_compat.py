@@ -322,6 +322,17 @@ def _passthrough_type(cls: type) -> type:
     return type(cls.__name__, (cls, ShortenTraceback), {"__init__": __init__, "__module__": cls.__module__})
 
 
+def op_tags(target) -> tuple[str, frozenset] | None:
+    """(name, tags) of an operator overload, or of an overload packet with the tags of all its overloads (any of
+    which a call may pick); None for anything else. The op classes live in the private `torch._ops`."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        overloads = [getattr(target, name) for name in target.overloads()]
+        return target._qualified_op_name, frozenset(tag for overload in overloads for tag in overload.tags)
+    if isinstance(target, torch._ops.OpOverload):
+        return target.name(), frozenset(target.tags)
+    return None
+
+
 def dynamo_compile_id() -> str | None:
     """The id of the Dynamo compile in progress ("frame/recompile", e.g. "0/1"), or None outside one; the id
     torch's own logs use. Read from the private `torch._guards.CompileContext`."""

@@ -89,11 +89,9 @@ def full_graph_blocker(gm: fx.GraphModule) -> str | None:
     unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
     devices: dict[str, str] = {}
     for node in gm.graph.nodes:
-        target = node.target
-        if isinstance(target, torch._ops.OpOverloadPacket):
-            target = getattr(target, "default", target)
-        if unsafe_tag is not None and unsafe_tag in getattr(target, "tags", ()):
-            return f"op {target.name()} is tagged cudagraph_unsafe"
+        op = _compat.op_tags(node.target) if node.op == "call_function" else None
+        if op is not None and unsafe_tag is not None and unsafe_tag in op[1]:
+            return f"op {op[0]} is tagged cudagraph_unsafe"
         value = node.meta.get("example_value", node.meta.get("val"))
         if isinstance(value, torch.Tensor):
             devices.setdefault(value.device.type, node.name)
