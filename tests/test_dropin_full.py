@@ -271,3 +271,20 @@ def test_what_the_graph_alone_shows_cannot_be_captured():
     assert full_graph_blocker(graph(on_gpu, on_cpu)) == "x1 is a CPU tensor in a CUDA graph"
     assert full_graph_blocker(graph(on_gpu, op=torch.ops.vgc_test.host_sync)) == \
         "op vgc_test::host_sync is tagged cudagraph_unsafe"
+
+
+def test_debug_mode_catches_a_full_graph_reading_a_stale_buffer(tiny, simulated_cuda):
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    backend = vgc.VgcBackend(vgc.CompilationConfig(cudagraph_mode="full", cudagraph_capture_sizes=[8], debug=True))
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for seed in range(3):   # the first replay is compared with an un-graphed run, and agrees
+            _check_step(cfg, model, compiled, 8, "decode", kv, seed)
+        full_graphs = backend.graphs[0].full_graphs
+        (entry,) = full_graphs.entries.values()
+        ids = [full_graphs.inputs.names[i] for i in full_graphs.inputs.copied].index("L['input_ids']")
+        entry.copy_targets[ids] = torch.zeros_like(entry.copy_targets[ids])   # refreshed, but never read
+        full_graphs._debug.calls.clear()
+        with pytest.raises(RuntimeError, match="differs from the un-graphed run"):
+            compiled(**llama.make_batch(cfg, 8, "decode", kv_caches=kv, seed=9))

@@ -53,6 +53,7 @@ class GraphRecord:
     shape_guards: list = field(default_factory=list)   # Dynamo's shape guards before Inductor added its own
     compiler_guards: list = field(default_factory=list)   # what Inductor assumed on top (trace-once only)
     input_check: request_checks.InputIdCheck | None = None   # token ids checked before each call (None: none)
+    full_graphs: DropInGraphs | None = None   # drop-in FULL modes: the graph's FULL CUDA graphs
 
     @property
     def artifacts_compiled(self) -> int:
@@ -364,7 +365,9 @@ class VgcBackend:
                     record.artifacts_loaded, record.seconds["compile"],
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
-        forward = split_gm.forward if around is None else around(split_gm.forward)
+        forward = split_gm.forward
+        if around is not None:
+            forward = record.full_graphs = around(forward)
         if record.input_check is not None:
             forward = request_checks.checked(forward, record.input_check)
         return forward

@@ -235,8 +235,9 @@ class CompilationConfig:
         "None or 0 means items x the model's max frames per video.",
         _int_at_least(0, none_ok=True), in_hash=False)
     debug: bool = _field(
-        "CUDA graphs with `vgc.compile`: rerun the first call at each padded size, and one call in 100 after it, "
-        "without graphs and raise if the replay differs.", _bool, in_hash=False, default=False)
+        "CUDA graphs: rerun the first graphed call at each padded size (`vgc.compile`) or at each FULL graph's call "
+        "shape (drop-in), and one in 100 after it, without graphs, and raise if the replay differs.", _bool,
+        in_hash=False, default=False)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -29,7 +29,8 @@ from vgc import _compat
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
-from vgc.cudagraph.runtime import GraphRuntime, bypass_piece_graphs, frozen_gc, piece_graphs_bypassed
+from vgc.cudagraph.runtime import (GraphRuntime, ReplaySampler, bypass_piece_graphs, check_replay, frozen_gc,
+                                  piece_graphs_bypassed)
 
 logger = logging.getLogger("vgc")
 
@@ -123,6 +124,7 @@ class DropInGraphs:
         self._copied_of = _getter(inputs.copied)
         self._key_of = _key_function(inputs)
         self._told: set[str] = set()
+        self._debug = ReplaySampler()
         # At most one FULL graph per capture size, as vgc.compile has: a shape with several symbolic sizes (batch
         # and sequence length) could otherwise fill GPU memory with a graph per sequence length.
         self.max_graphs = max(len(runtime.capture_sizes), 1)
@@ -143,6 +145,9 @@ class DropInGraphs:
                 _compat.copy_many(entry.copy_targets, self._copied_of(args))
             entry.graph.replay()
             counters.cudagraph_replays += 1
+            if self.runtime.debug and self._debug.due(key):
+                with bypass_piece_graphs():
+                    check_replay(entry.outputs, lambda: self.forward(*args), f"sizes {_sizes(key)} of {self.label}")
             return entry.outputs
         if entry is None:
             entry = self._new_signature(key) if self._qualifies(args) else None

@@ -9,6 +9,7 @@ import threading
 import torch
 
 from vgc.counters import Counters
+from vgc.cudagraph.padding import output_tensors
 
 _local = threading.local()
 
@@ -115,6 +116,33 @@ def frozen_gc():
         if was_enabled:
             gc.enable()
         gc.unfreeze()
+
+
+class ReplaySampler:
+    """Debug mode's choice of replays to check: the first at each key (a size, a call signature), then one in
+    100."""
+
+    def __init__(self):
+        self.calls: dict = {}
+
+    def due(self, key) -> bool:
+        count = self.calls.get(key, 0)
+        self.calls[key] = count + 1
+        return count % 100 == 0
+
+
+def check_replay(out, rerun, where: str) -> None:
+    """Debug: compare a replay's outputs with `rerun()`, the same call run without graphs (the caller bypasses
+    piece graphs); `RuntimeError` naming `where` on a mismatch. The re-run repeats the call's in-place writes
+    (KV caches) with the same values."""
+    replayed = [t.clone() for t in output_tensors(out)]
+    reference = output_tensors(rerun())
+    for got, want in zip(replayed, reference):
+        tolerance = 5e-2 if got.dtype in (torch.bfloat16, torch.float16) else 1e-3
+        if got.shape != want.shape or not torch.allclose(got, want, atol=tolerance, rtol=tolerance):
+            worst = (got.float() - want.float()).abs().max().item() if got.shape == want.shape else "shape"
+            raise RuntimeError(f"vgc debug: the CUDA-graph replay at {where} differs from the un-graphed run "
+                               f"(max |diff| {worst}); a graph read a stale or moved buffer")
 
 
 class GraphRuntime:
