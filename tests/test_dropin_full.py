@@ -37,7 +37,7 @@ def test_full_graph_replays_new_inputs_and_writes_the_callers_kv_cache(mode, tin
     kv = llama.make_kv_caches(cfg)
     compiled = _dropin(model, mode)
     with torch.no_grad():
-        for seed in range(4):   # warm-up, capture, then replays with other token ids, positions and contexts
+        for seed in range(4):   # warm-up, capture, then replays of new input tensors (other ids, cache contents)
             _check_step(cfg, model, compiled, 8, "decode", kv, seed)
     assert counters.cudagraph_captures == 1   # one FULL graph, no piece graphs
     assert counters.cudagraph_replays == 2    # the two calls after the capture
