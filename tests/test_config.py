@@ -27,7 +27,8 @@ def test_config_fields_keep_their_names_and_defaults():
         "splitting_ops", "compile_sizes", "inductor_compile_config", "compile_sizes_inductor_config",
         "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "dynamic_shapes_config",
         "cache_dir", "compile_cache_save_format", "cudagraph_mm_encoder", "encoder_cudagraph_token_budgets",
-        "encoder_cudagraph_max_vision_items_per_batch", "encoder_cudagraph_max_frames_per_batch", "debug"]
+        "encoder_cudagraph_max_vision_items_per_batch", "encoder_cudagraph_max_frames_per_batch", "pass_config",
+        "inductor_passes", "debug"]
     assert config.splitting_ops == ["vgc::attention", "vgc::varlen_attention"]
     assert config.dynamic_shapes_config == vgc.DynamicShapesConfig(DynamicShapesType.BACKED)
     assert config.max_cudagraph_capture_size == 512 and config.cudagraph_mode is None
@@ -36,9 +37,11 @@ def test_config_fields_keep_their_names_and_defaults():
 def test_config_hash_covers_the_codegen_fields_and_is_stable():
     config = vgc.CompilationConfig()
     assert set(config.hash_factors()) == {"splitting_ops", "compile_sizes", "inductor_compile_config",
-                                          "compile_sizes_inductor_config", "dynamic_shapes_config"}
-    # Every existing cache entry is keyed by this value: change it only on purpose.
-    assert config.compute_hash() == "75ed9519ef7dc53d"
+                                          "compile_sizes_inductor_config", "dynamic_shapes_config", "pass_config",
+                                          "inductor_passes"}
+    # Every existing cache entry is keyed by this value: change it only on purpose (it changed when the graph
+    # passes' settings entered the hash).
+    assert config.compute_hash() == "0d6e9a52d8079051"
     assert vgc.CompilationConfig(debug=True, cudagraph_mode="full", cudagraph_capture_sizes=[4],
                                  max_cudagraph_capture_size=64).compute_hash() == config.compute_hash()
 

@@ -333,6 +333,17 @@ def op_tags(target) -> tuple[str, frozenset] | None:
     return None
 
 
+def _custom_graph_pass_base() -> type:
+    from torch._inductor.custom_graph_pass import CustomGraphPass as base   # private module
+
+    return base
+
+
+# The base class of Inductor's custom graph passes: a pass in `post_grad_custom_post_pass` must be one (with a
+# `uuid()`) for Inductor to cache what it compiles.
+CustomGraphPass = _custom_graph_pass_base()
+
+
 def dynamo_compile_id() -> str | None:
     """The id of the Dynamo compile in progress ("frame/recompile", e.g. "0/1"), or None outside one; the id
     torch's own logs use. Read from the private `torch._guards.CompileContext`."""

@@ -24,6 +24,7 @@ from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
 from vgc.guards import StateTensor, snapshot_shape_guards
+from vgc.passes.manager import pass_manager
 from vgc.piecewise import CompiledPiece
 from vgc.split import Piece, attention_like_ops, check_splitting_ops, split_graph
 
@@ -207,6 +208,7 @@ class VgcBackend:
         self._seen_keys: set[str] = set()
         self._tracing = False
         self._told_unsplit = False   # the "no splitting op occurs" advice is given once per model
+        self._configs: tuple[dict, dict] | None = None   # Inductor options, with the pass manager
         # vgc.compile's capture for a saved trace: the backend only plans, and the owner builds the plan once the
         # traced source files (and so the cache entry) are known.
         self.defer_build = False
@@ -268,8 +270,7 @@ class VgcBackend:
         module_state = _module_state_arguments(split_gm, example_inputs)
         if self.config.splitting_ops and not any(piece.is_splitting for piece in pieces):
             self._explain_unsplit(gm)
-        inductor_config = self.config.inductor_compile_config
-        static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
+        inductor_config, static_config = self._inductor_configs()
         extra = repr((sorted(inductor_config.items()), sorted(static_config.items())))
         plans = []
         for piece in pieces:
@@ -388,8 +389,7 @@ class VgcBackend:
                     list(found))
 
     def _compile_piece(self, piece: PiecePlan, store, graph_counters: Counters, progress) -> CompiledPiece:
-        inductor_config = self.config.inductor_compile_config
-        static_config = {**inductor_config, **self.config.compile_sizes_inductor_config}
+        inductor_config, static_config = self._inductor_configs()
         if piece.key not in self._seen_keys:
             self._seen_keys.add(piece.key)
             graph_counters.add(unique_pieces=1)
@@ -423,6 +423,17 @@ class VgcBackend:
         static_fns = {size: build(size) for size in piece.sizes}
         return CompiledPiece(piece.name, piece.key, dynamic_fn, static_fns, piece.size_source,
                              has_symbols=piece.has_symbols)
+
+    def _inductor_configs(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Inductor's options for the symbolic-size artifacts and for the `compile_sizes` ones, with the graph
+        passes (vgc's and the user's) in the post-grad pass slot."""
+        if self._configs is None:
+            base = self.config.inductor_compile_config
+            manager = pass_manager(self.config.pass_config, self.config.inductor_passes)
+            if manager is not None:
+                base = {**base, "post_grad_custom_post_pass": manager}
+            self._configs = (base, {**base, **self.config.compile_sizes_inductor_config})
+        return self._configs
 
     def _piece_graph_runtime(self, device_type: str) -> GraphRuntime | None:
         """The runtime when this graph's compiled pieces get CUDA graphs, else None."""

@@ -144,6 +144,33 @@ def _inductor_options(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
+def _pass_config(value: Any, name: str) -> dict[str, bool]:
+    """Switches of vgc's built-in graph passes, by name; resolved to every pass's setting (defaults filled in)."""
+    from vgc.passes import BUILTIN_PASSES
+
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict of pass name -> True/False, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(BUILTIN_PASSES))
+    if unknown:
+        raise ValueError(f"{name}: unknown graph pass(es) {unknown}; vgc's passes are {sorted(BUILTIN_PASSES)}")
+    for key, switch in value.items():
+        _bool(switch, f"{name}[{key!r}]")
+    return {key: value.get(key, default) for key, (_, default) in BUILTIN_PASSES.items()}
+
+
+def _inductor_passes(value: Any, name: str) -> dict[str, Any]:
+    from vgc.passes.manager import user_identity
+
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict of name -> pass (a torch CustomGraphPass, or a callable with a "
+                         f"uuid() method), got {type(value).__name__}")
+    for key, user_pass in value.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{name} keys must be pass names (str), got {key!r}")
+        user_identity(key, user_pass)   # raises, naming the pass, when it has no uuid()
+    return dict(value)
+
+
 def _dynamic_shapes(value: Any, name: str) -> DynamicShapesConfig:
     if isinstance(value, DynamicShapesConfig):
         return value
@@ -234,6 +261,12 @@ class CompilationConfig:
         "Encoder CUDA graphs: the most attention sequences (video frames; an image is one) in one sub-batch; "
         "None or 0 means items x the model's max frames per video.",
         _int_at_least(0, none_ok=True), in_hash=False)
+    pass_config: dict[str, bool] = _field(
+        "vgc's graph passes, run inside Inductor on every compiled piece, switched by name (see vgc/passes); "
+        "unnamed passes keep their default.", _pass_config, in_hash=True, factory=dict)
+    inductor_passes: dict[str, Any] = _field(
+        "The user's graph passes, by name: torch `CustomGraphPass` objects or callables with a `uuid()`; run after "
+        "vgc's on every compiled piece, their uuids in the cache hash.", _inductor_passes, in_hash=True, factory=dict)
     debug: bool = _field(
         "CUDA graphs: rerun the first graphed call at each padded size (`vgc.compile`) or at each FULL graph's call "
         "shape (drop-in), and one in 100 after it, without graphs, and raise if the replay differs.", _bool,
@@ -242,6 +275,10 @@ class CompilationConfig:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             setattr(self, f.name, _spec(f).check(getattr(self, f.name), f.name))
+        if "post_grad_custom_post_pass" in self.inductor_compile_config and (
+                self.inductor_passes or any(self.pass_config.values())):
+            raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is where vgc runs its graph "
+                             "passes: put that pass in inductor_passes={'<name>': pass} instead")
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> "CompilationConfig":

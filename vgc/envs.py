@@ -72,3 +72,10 @@ def cache_root() -> Path:
     if root:
         return Path(root).expanduser()
     return Path.home() / ".cache" / "vgc"
+
+
+def debug_dump_path() -> str | None:
+    """VGC_DEBUG_DUMP_PATH (alias VLLM_DEBUG_DUMP_PATH): a directory where graph passes write each piece's graph
+    before and after every pass; unset or empty: no dumps."""
+    found = _lookup("DEBUG_DUMP_PATH")
+    return found[1] or None if found else None

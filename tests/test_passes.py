@@ -1,0 +1,128 @@
+"""Graph passes: the pass manager inside Inductor, vgc's built-in passes, the user's passes and their identity."""
+
+import uuid as uuid_module
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import vgc
+from vgc import _compat
+from vgc.passes import BUILTIN_PASSES
+from vgc.passes.manager import PassManager, pass_manager
+from vgc.passes.noop import eliminate_noops
+from conftest import FP32_TOL, MLP
+
+
+def test_noop_elimination_removes_same_shape_views_slices_and_expands():
+    def f(x, y):
+        a = x.view(x.shape) + 1
+        b = a[:, :] * 2                       # a full slice: the same tensor
+        c = b.expand(b.shape).reshape(4, 8)   # same shape twice
+        return c.view(8, 4) + y + a[1:, :].sum()   # a real reshape and a real slice stay
+
+    x, y = torch.randn(4, 8), torch.randn(8, 4)
+    gm = make_fx(f, tracing_mode="fake")(x, y)
+    ops = lambda: [n.target for n in gm.graph.nodes if n.op == "call_function"]   # noqa: E731
+    before = ops()
+    assert eliminate_noops(gm.graph) == 4
+    gm.recompile()
+    after = ops()
+    assert len(before) - len(after) == 4
+    assert after.count(torch.ops.aten.view.default) == 1 and after.count(torch.ops.aten.slice.Tensor) == 1
+    torch.testing.assert_close(gm(x, y), f(x, y))
+
+
+class CountingPass(_compat.CustomGraphPass):
+    """A user's pass: counts the graphs it sees and the nodes in them; `token` makes its uuid (and so the cache
+    entries Inductor and vgc keep for it) unique to one test."""
+
+    def __init__(self, token: str, fail: bool = False):
+        self.token, self.fail, self.graphs = token, fail, []
+
+    def __call__(self, graph):
+        if self.fail:
+            raise ValueError("this pass always fails")
+        self.graphs.append(len(graph.nodes))
+
+    def uuid(self):
+        return f"counting-pass-{self.token}"
+
+
+def test_a_user_pass_runs_on_every_compiled_piece(no_cache, fresh_counters):
+    user_pass = CountingPass(uuid_module.uuid4().hex)
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="vgc", options={"inductor_passes": {"count": user_pass},
+                                                            "compile_sizes": [4]})
+    with torch.no_grad():
+        x = torch.randn(4, 32)
+        torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+    assert len(user_pass.graphs) == fresh_counters.inductor_compiles == 1   # one static graph at the first call
+
+
+def test_passes_enter_the_cache_hash_by_identity():
+    def config(**kw):
+        return vgc.CompilationConfig(**kw)
+
+    base = config().compute_hash()
+    first, edited = CountingPass("v1"), CountingPass("v2")
+    assert config(inductor_passes={"p": first}).compute_hash() != base
+    assert config(inductor_passes={"p": first}).compute_hash() == config(inductor_passes={"p": CountingPass("v1")}) \
+        .compute_hash()   # the same pass in another object: the same entry
+    assert config(inductor_passes={"p": edited}).compute_hash() != config(inductor_passes={"p": first}).compute_hash()
+    assert config(pass_config={"eliminate_noops": True}).compute_hash() != base
+    # Inductor's own cache sees the manager's uuid, which follows each pass's
+    assert pass_manager({}, {"p": first}).uuid() != pass_manager({}, {"p": edited}).uuid()
+    assert repr(pass_manager({}, {"p": first})) == repr(pass_manager({}, {"p": CountingPass("v1")}))
+    assert pass_manager({"eliminate_noops": False}, {}) is None
+
+
+def test_a_pass_that_raises_is_named(no_cache):
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="vgc", options={
+        "inductor_passes": {"boom": CountingPass(uuid_module.uuid4().hex, fail=True)}})
+    with pytest.raises(Exception, match="graph pass 'boom' failed .*this pass always fails"), torch.no_grad():
+        compiled(torch.randn(4, 32))
+
+
+def test_pass_settings_are_checked():
+    with pytest.raises(ValueError, match=r"unknown graph pass\(es\) \['fuse_everything'\]"):
+        vgc.CompilationConfig(pass_config={"fuse_everything": True})
+    with pytest.raises(ValueError, match="must be True or False"):
+        vgc.CompilationConfig(pass_config={"eliminate_noops": "yes"})
+    with pytest.raises(ValueError, match=r"inductor_passes\['plain'\] must be a torch CustomGraphPass or a callable "
+                                         r"with a uuid\(\)"):
+        vgc.CompilationConfig(inductor_passes={"plain": lambda graph: None})
+    with pytest.raises(ValueError, match="put that pass in inductor_passes"):
+        vgc.CompilationConfig(inductor_passes={"p": CountingPass("x")},
+                              inductor_compile_config={"post_grad_custom_post_pass": CountingPass("y")})
+    assert vgc.CompilationConfig().pass_config == {name: default for name, (_, default) in BUILTIN_PASSES.items()}
+
+
+def test_debug_dump_path_gets_each_graph_before_and_after_each_pass(no_cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("VGC_DEBUG_DUMP_PATH", str(tmp_path))
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="vgc", options={
+        "pass_config": {"eliminate_noops": True}, "inductor_passes": {"count": CountingPass(uuid_module.uuid4().hex)}})
+    with torch.no_grad():
+        x = torch.randn(3, 32)
+        torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+    names = sorted(p.name for p in tmp_path.iterdir())   # piece-<graph>-<step>-<before|after>-<pass>.py
+    assert {name.split("-", 2)[2] for name in names} == {
+        "00-before-eliminate_noops.py", "00-after-eliminate_noops.py", "01-before-count.py", "01-after-count.py"}
+    assert "torch.ops.aten" in (tmp_path / names[0]).read_text()
+
+
+def test_the_tiny_decoder_with_every_pass_equals_eager(tiny, no_cache):
+    from conftest import assert_matches_eager
+
+    cfg, model = tiny
+    on = {name: True for name in BUILTIN_PASSES}
+    compiled = torch.compile(model, backend="vgc", options={"pass_config": on})
+    assert_matches_eager(cfg, model, compiled, sizes=(1, 5, 16))
+
+
+def test_the_manager_is_a_torch_custom_graph_pass():
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    assert issubclass(PassManager, CustomGraphPass)
