@@ -96,7 +96,7 @@ class TraceSession:
             return None
         start = time.perf_counter()
         store = open_store(self.config, self.device_type, found.source_paths, found.source_modules,
-                           found.extra_paths)
+                           found.extra_paths, key=(found.entry, found.factors))
         if isinstance(store, NoStore):   # the entry cannot be opened (warned): its artifacts cannot load either
             return None
         try:

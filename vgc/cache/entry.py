@@ -141,17 +141,19 @@ def untrusted_entry(root: Path, key: str) -> tuple[Path, str] | None:
 
 
 def open_store(config: CompilationConfig, device_type: str, paths: list[str], modules: list[str] | None = None,
-               extra_paths: list[str] | None = None) -> ArtifactStore | NoStore:
+               extra_paths: list[str] | None = None, key: tuple[str, dict] | None = None) -> ArtifactStore | NoStore:
     """The cache entry for a graph that traced the source files `paths`; `NoStore` (compile, save nothing) when
     the cache is off, or when the root is unusable or untrusted, with one warning that names the root's setting
     and the fix. `modules` (the traced modules' names) lets a saved trace find their files in a later process;
-    `extra_paths` are the files among `paths` that no module names (code Python did not import as a module)."""
+    `extra_paths` are the files among `paths` that no module names (code Python did not import as a module).
+    `key` is the entry's (key, factors) when the caller has just computed them (a found saved trace): hashing
+    every source file again would only repeat that work."""
     root = open_root(config)
     if isinstance(root, NoStore):
         return root
     fmt = save_format(config)
     kernel_root = root if _USER_INDUCTOR_CACHE_DIR is None else None
-    key, factors = entry_key(config, device_type, paths)
+    key, factors = key if key is not None else entry_key(config, device_type, paths)
     directory = root / CACHE_SUBDIR / key / rank_dir_name()
     untrusted = untrusted_entry(root, key)
     if untrusted:

@@ -57,6 +57,7 @@ class Found:
     source_paths: list[str]    # the files the trace read, as this process finds them
     source_modules: list[str]  # their modules' names ([] for an entry that recorded paths only)
     extra_paths: list[str]     # the files among them that no module names
+    factors: dict              # the entry key's factors, as computed to find it (`open_store` reuses them)
 
 
 def find(root: Path, config: CompilationConfig, device_type: str, trace_identity: str) -> tuple[Found | None,
@@ -72,11 +73,12 @@ def find(root: Path, config: CompilationConfig, device_type: str, trace_identity
     for path in candidates:
         entry = path.parent.parent.name
         sources = current_sources(path.parent)
-        problem = sources if isinstance(sources, str) else stale_reason(entry, config, device_type, sources[0])
+        problem, factors = (sources, None) if isinstance(sources, str) else \
+            _stale_reason(entry, config, device_type, sources[0])
         if problem is None:
             untrusted = untrusted_entry(root, entry)
             if untrusted is None:
-                return Found(path, entry, *sources), reasons
+                return Found(path, entry, *sources, factors), reasons
             problem = f"{untrusted[0]} {untrusted[1]}"
         reasons.append(f"{path}: {problem}")
     return None, reasons
@@ -117,16 +119,18 @@ def _strings(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def stale_reason(entry: str, config: CompilationConfig, device_type: str, paths: list[str]) -> str | None:
-    """Why a trace saved in `entry` no longer describes the current program (None: it still does)."""
+def _stale_reason(entry: str, config: CompilationConfig, device_type: str,
+                  paths: list[str]) -> tuple[str | None, dict | None]:
+    """Why a trace saved in `entry` no longer describes the current program (None: it still does), and the
+    current key's factors."""
     try:
-        key, _ = entry_key(config, device_type, paths)
+        key, factors = entry_key(config, device_type, paths)
     except OSError as e:   # a file removed or unreadable since it was found
-        return f"a traced source file cannot be read ({e.strerror or e})"
+        return f"a traced source file cannot be read ({e.strerror or e})", None
     if key != entry:
-        return f"its entry key is now {key}: a traced source file, the config or the environment changed " \
-               "(`vgc cache why-miss --entry` names which)"
-    return None
+        return (f"its entry key is now {key}: a traced source file, the config or the environment changed "
+                "(`vgc cache why-miss --entry` names which)"), factors
+    return None, factors
 
 
 def read(path: Path) -> bytes:
