@@ -253,7 +253,8 @@ class VgcBackend:
         store = open_store(self.config, plan.device_type, traced_source_files(_compat.traced_code_objects()))
         plan.seconds["cache_key"] = time.perf_counter() - start
         graph_runtime = self._piece_graph_runtime(plan.device_type)
-        forward = self.build(plan, store, around=self._full_graphs(gm, example_inputs, graph_runtime))
+        forward = self.build(plan, store, around=self._full_graphs(gm, example_inputs, plan.device_type,
+                                                                   graph_runtime))
         debug_files.expect_transformed_code(store)
         if graph_runtime is not None and not self.trace_once:
             forward = _copy_graph_outputs(forward, graph_runtime)
@@ -304,11 +305,11 @@ class VgcBackend:
                          seconds={"split": time.perf_counter() - start}, state_tensors=state,
                          code_files=_compat.graph_code_files(gm))
 
-    def _full_graphs(self, gm: fx.GraphModule, example_inputs: list,
+    def _full_graphs(self, gm: fx.GraphModule, example_inputs: list, device_type: str,
                      graph_runtime: GraphRuntime | None) -> Callable | None:
         """Drop-in FULL graphs: what wraps the split graph's forward in a `DropInGraphs`, or None (no FULL graphs:
         another mode, no CUDA, or `vgc.compile`, whose dispatcher captures them)."""
-        mode = self.config.resolved_cudagraph_mode(_compat.device_from_inputs(example_inputs).type)
+        mode = self.config.resolved_cudagraph_mode(device_type)
         if self.trace_once or graph_runtime is None or mode not in (CUDAGraphMode.FULL,
                                                                     CUDAGraphMode.FULL_AND_PIECEWISE):
             return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -62,18 +62,27 @@ class InputIdCheck:
         """The same check on a call's bound arguments (name -> value), for callers that run the compiled code
         without its Dynamo arguments (a FULL CUDA graph replay). Ids are found where Dynamo read them: an
         argument, or a part of one (`L['batch']['ids']`). None when there is nothing to check."""
-        rooted = [item for item in self.checked if item.source.startswith("L[")]   # "": not read from an argument
-        if not rooted:
+        readers = [(item, _argument_reader(item.source)) for item in self.checked
+                   if item.source.startswith("L[")]   # "": not read from an argument
+        if not readers:
             return None
 
-        def check(arguments: dict) -> None:
-            for item in rooted:
-                match = _ARGUMENT.fullmatch(item.source)
-                _check_ids(item, arguments.get(match[1]) if match else resolve_source(item.source, arguments))
+        def check(arguments: dict) -> None:   # per FULL replay: the sources were parsed once, above
+            for item, read in readers:
+                _check_ids(item, read(arguments))
         return check
 
 
 _ARGUMENT = re.compile(r"L\['(\w+)'\]")
+
+
+def _argument_reader(source: str) -> Callable[[dict], Any]:
+    """arguments -> the value Dynamo's `source` names: a plain dict lookup for a whole argument."""
+    match = _ARGUMENT.fullmatch(source)
+    if match:
+        name = match[1]
+        return lambda arguments: arguments.get(name)
+    return lambda arguments: resolve_source(source, arguments)
 
 
 def _check_ids(item: CheckedInput, ids) -> None:

@@ -29,8 +29,8 @@ from vgc import _compat
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
-from vgc.cudagraph.runtime import (GraphRuntime, ReplaySampler, bypass_piece_graphs, check_replay, frozen_gc,
-                                  piece_graphs_bypassed)
+from vgc.cudagraph.runtime import (GraphRuntime, ReplaySampler, bypass_piece_graphs, capture_failure, check_replay,
+                                  frozen_gc, piece_graphs_bypassed)
 
 logger = logging.getLogger("vgc")
 
@@ -146,8 +146,7 @@ class DropInGraphs:
             entry.graph.replay()
             counters.cudagraph_replays += 1
             if self.runtime.debug and self._debug.due(key):
-                with bypass_piece_graphs():
-                    check_replay(entry.outputs, lambda: self.forward(*args), f"sizes {_sizes(key)} of {self.label}")
+                check_replay(entry.outputs, lambda: self.forward(*args), f"sizes {_sizes(key)} of {self.label}")
             return entry.outputs
         if entry is None:
             entry = self._new_signature(key) if self._qualifies(args) else None
@@ -198,9 +197,8 @@ class DropInGraphs:
                 graph, outputs = cuda_runtime.capture(lambda: self.forward(*inputs), self.runtime.pool())
         except Exception as error:   # noqa: BLE001 - any failure to capture means: run this signature piecewise
             entry.reason = "capture failed"
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             self._tell(f"{self.label}: FULL CUDA graph capture failed at sizes {_sizes(key)} "
-                       f"({type(error).__name__}: {first_line}); that signature runs on PIECEWISE graphs")
+                       f"({capture_failure(error)}); that signature runs on PIECEWISE graphs")
             return self.forward(*args)
         copied_storages = {inputs[i].untyped_storage().data_ptr(): i for i in self.inputs.copied}
         out_tensors = [o for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])

@@ -12,7 +12,7 @@ import torch.fx as fx
 from vgc import _compat, views
 from vgc.counters import counters
 from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
-from vgc.cudagraph.runtime import GraphRuntime, piece_graphs_bypassed
+from vgc.cudagraph.runtime import GraphRuntime, capture_failure, piece_graphs_bypassed
 from vgc.piecewise import CompiledPiece
 
 logger = logging.getLogger("vgc")
@@ -134,9 +134,8 @@ class CUDAGraphPiece:
             graph, outputs = cuda_runtime.capture(lambda: self.piece(*inputs), self.runtime.pool())
         except Exception as error:   # noqa: BLE001 - a piece that cannot be captured runs without a graph
             if not self.failed_sizes:
-                first_line = (str(error).strip().splitlines() or [""])[0]
-                logger.warning("CUDA graph capture of %s failed (%s: %s); it runs without a graph at that size",
-                               self.name, type(error).__name__, first_line)
+                logger.warning("CUDA graph capture of %s failed (%s); it runs without a graph at that size",
+                               self.name, capture_failure(error))
             self.failed_sizes.add(size)
             return self.piece(*args)
         graph.replay()   # capturing only records: this call's results come from the first replay

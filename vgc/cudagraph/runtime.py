@@ -132,17 +132,23 @@ class ReplaySampler:
 
 
 def check_replay(out, rerun, where: str) -> None:
-    """Debug: compare a replay's outputs with `rerun()`, the same call run without graphs (the caller bypasses
-    piece graphs); `RuntimeError` naming `where` on a mismatch. The re-run repeats the call's in-place writes
-    (KV caches) with the same values."""
+    """Debug: compare a replay's outputs with `rerun()`, the same call run here without graphs (piece graphs
+    bypassed); `RuntimeError` naming `where` on a mismatch. The re-run repeats the call's in-place writes (KV
+    caches) with the same values."""
     replayed = [t.clone() for t in output_tensors(out)]
-    reference = output_tensors(rerun())
+    with bypass_piece_graphs():
+        reference = output_tensors(rerun())
     for got, want in zip(replayed, reference):
         tolerance = 5e-2 if got.dtype in (torch.bfloat16, torch.float16) else 1e-3
         if got.shape != want.shape or not torch.allclose(got, want, atol=tolerance, rtol=tolerance):
             worst = (got.float() - want.float()).abs().max().item() if got.shape == want.shape else "shape"
             raise RuntimeError(f"vgc debug: the CUDA-graph replay at {where} differs from the un-graphed run "
                                f"(max |diff| {worst}); a graph read a stale or moved buffer")
+
+
+def capture_failure(error: Exception) -> str:
+    """A failed capture's error in one line, for the warning that says what runs instead."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 class GraphRuntime:
