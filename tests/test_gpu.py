@@ -186,16 +186,21 @@ def test_dropin_full_graphs_equal_eager_and_follow_a_moved_kv_cache(mode, tiny_f
             step(n, "decode", kv, n)
 
 
-def test_dropin_full_on_an_unmodified_hugging_face_llama(fresh_counters, no_cache):
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused-linears"])
+def test_dropin_full_on_an_unmodified_hugging_face_llama(fuse, fresh_counters, no_cache):
     pytest.importorskip("transformers")
     from conftest import hf_llama
 
     model = hf_llama(num_hidden_layers=2).cuda()
     compiled = torch.compile(model, backend="vgc", options={
-        "cudagraph_mode": "full", "splitting_ops": ["aten::scaled_dot_product_attention"]})
+        "cudagraph_mode": "full", "splitting_ops": ["aten::scaled_dot_product_attention"],
+        "pass_config": {"fuse_sibling_matmuls": fuse}})
     with torch.no_grad():
         for shape in [(1, 16)] * 3 + [(4, 32)] * 3:
             ids = torch.randint(0, 128, shape, device="cuda")
             out = compiled(input_ids=ids, use_cache=False).last_hidden_state
             torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)
     assert fresh_counters.cudagraph_captures == 2 and fresh_counters.cudagraph_replays == 2
+    attention = model.layers[0].self_attn   # fused: q, k and v are rows of one weight
+    assert (attention.q_proj.weight.untyped_storage().data_ptr() ==
+            attention.v_proj.weight.untyped_storage().data_ptr()) == fuse

@@ -96,7 +96,7 @@ def test_pass_settings_are_checked():
     with pytest.raises(ValueError, match="put that pass in inductor_passes"):
         vgc.CompilationConfig(inductor_passes={"p": CountingPass("x")},
                               inductor_compile_config={"post_grad_custom_post_pass": CountingPass("y")})
-    assert vgc.CompilationConfig().pass_config == {name: default for name, (_, default) in BUILTIN_PASSES.items()}
+    assert vgc.CompilationConfig().pass_config == {name: p.default for name, p in BUILTIN_PASSES.items()}
 
 
 def test_debug_dump_path_gets_each_graph_before_and_after_each_pass(no_cache, monkeypatch, tmp_path):
@@ -126,3 +126,119 @@ def test_the_manager_is_a_torch_custom_graph_pass():
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     assert issubclass(PassManager, CustomGraphPass)
+
+
+SDPA = ["aten::scaled_dot_product_attention"]
+
+
+def _linears(module):
+    return [n for n in module.graph.nodes if n.op == "call_function" and "linear" in str(n.target)]
+
+
+def _storage(tensor):
+    return tensor.untyped_storage().data_ptr()
+
+
+def test_sibling_linears_fuse_on_an_unmodified_hugging_face_llama(no_cache, fresh_counters, caplog):
+    pytest.importorskip("transformers")
+    from conftest import hf_llama
+
+    model = hf_llama(num_hidden_layers=2)
+    original = {name: p.detach().clone() for name, p in model.named_parameters()}
+    backend = vgc.VgcBackend(vgc.CompilationConfig(splitting_ops=SDPA, pass_config={"fuse_sibling_matmuls": True}))
+    compiled = torch.compile(model, backend=backend)
+
+    def check(*shape):
+        ids = torch.randint(0, 128, shape)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(input_ids=ids).last_hidden_state,
+                                       model(input_ids=ids).last_hidden_state, **FP32_TOL)
+
+    check(1, 16)
+    pieces = [p.module for p in backend.graphs[0].pieces if not p.is_splitting]
+    # Per layer, 7 linears (q, k, v, o, gate, up, down) become 4: q/k/v one, gate/up one.
+    assert sum(len(_linears(m)) for m in pieces) == 2 * 4
+    widths = sorted(sum(1 for user in n.users if user.target is torch.narrow) for m in pieces for n in _linears(m))
+    assert widths == [0, 0, 0, 0, 2, 2, 3, 3]   # one matmul where there were three (and two)
+    # One copy of the weights: q, k and v are rows of one storage of exactly their size, with their values.
+    attention = model.layers[1].self_attn
+    parts = [attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]
+    assert len({_storage(p) for p in parts}) == 1
+    assert parts[0].untyped_storage().nbytes() == sum(p.numel() * p.element_size() for p in parts)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, original[name], rtol=0, atol=0)
+
+    check(2, 9)   # another shape: Dynamo compiles again, the weights are already laid out
+    assert len(backend.graphs) == 2 and _storage(attention.q_proj.weight) == _storage(parts[2])
+
+    # In-place updates reach the fused rows.
+    with torch.no_grad():
+        model.load_state_dict({name: 2 * value for name, value in original.items()})
+    check(2, 9)
+    # A replaced parameter: correct, with one warning naming the fix.
+    attention.k_proj.weight = torch.nn.Parameter(torch.randn_like(attention.k_proj.weight), requires_grad=False)
+    with caplog.at_level("WARNING", logger="vgc"):
+        check(2, 9)
+        check(2, 9)
+    assert sum("no longer lie together" in r.message for r in caplog.records) == 1
+
+
+class SiblingBlock(torch.nn.Module):
+    """A user's model whose attention projections (with biases) and MLP read one input each."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+        self.gate, self.up = (torch.nn.Linear(16, 32, bias=False) for _ in range(2))
+        self.down = torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        n = x.shape[0]
+        q, k, v = (proj(x).view(1, n, 2, 8).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        h = x + torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, 16)
+        return h + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def test_fused_linears_with_biases_load_from_a_saved_trace(tmp_path, monkeypatch):
+    """vgc.compile saves the split graph with its `fused_weight` calls; a second model loads it with no trace and
+    no Inductor call, and its own weights are fused at its first call."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path))
+    config = vgc.CompilationConfig(splitting_ops=SDPA, pass_config={"fuse_sibling_matmuls": True}, compile_sizes=[4])
+    inputs = lambda n: (torch.randn(n, 16),)   # noqa: E731
+    first = vgc.compile(SiblingBlock().eval(), config=config)
+    first.warmup(inputs)
+    assert first.trace_source == "traced"
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, traces_loaded=1):
+        model = SiblingBlock().eval()
+        second = vgc.compile(model, config=config)
+        second.warmup(inputs)
+    assert second.trace_source == "saved"
+    assert _storage(model.q.weight) == _storage(model.v.weight) and _storage(model.q.bias) == _storage(model.k.bias)
+    assert _storage(model.gate.weight) == _storage(model.up.weight)
+    with torch.no_grad():
+        for n in (1, 4, 7):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(second(x), SiblingBlock().eval()(x), **FP32_TOL)
+
+
+class Flattening(torch.nn.Module):
+    """Sibling linears whose outputs are flattened: a column slice of a wider output cannot be viewed flat."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.a(x).view(-1) * 2 + self.b(x).view(-1)
+
+
+def test_a_piece_the_fusion_would_break_keeps_its_linears(no_cache):
+    model = Flattening().eval()
+    backend = vgc.VgcBackend(vgc.CompilationConfig(pass_config={"fuse_sibling_matmuls": True}))
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+    assert len(_linears(backend.graphs[0].pieces[0].module)) == 2
+    assert _storage(model.a.weight) != _storage(model.b.weight)

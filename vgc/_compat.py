@@ -231,6 +231,13 @@ def detect_fake_mode(inputs: list):
     return torch._guards.detect_fake_mode(inputs)
 
 
+def is_fake(tensor: torch.Tensor) -> bool:
+    """A fake tensor (shapes only, no data), as Dynamo and Inductor trace with (private `torch._subclasses`)."""
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+
+    return _is_fake(tensor)
+
+
 def device_from_inputs(example_inputs) -> torch.device:
     """The device of a graph's first input that has one, else CPU (a graph of only Python numbers). Dynamo's
     helper for backends, in the private `torch._dynamo.backends.common`."""

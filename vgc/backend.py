@@ -25,6 +25,7 @@ from vgc.cudagraph.runtime import GraphRuntime
 from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
 from vgc.guards import StateTensor, snapshot_shape_guards
 from vgc.passes.manager import pass_manager
+from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
 from vgc.piecewise import CompiledPiece
 from vgc.split import Piece, attention_like_ops, check_splitting_ops, split_graph
 
@@ -91,9 +92,10 @@ def _is_model_state(node: fx.Node, value) -> bool:
 
 
 def _module_state_arguments(split_gm: fx.GraphModule, example_inputs: list) -> dict[str, list[bool]]:
-    """Per piece, which arguments are the model's weights or buffers."""
+    """Per piece, which arguments are the model's weights or buffers (fused weights included)."""
     placeholders = [n for n in split_gm.graph.nodes if n.op == "placeholder"]
     state = {node: _is_model_state(node, value) for node, value in zip(placeholders, example_inputs)}
+    state.update((node, True) for node in split_gm.graph.nodes if is_fused_weight(node))
     return {node.target: [isinstance(a, fx.Node) and state.get(a, False) for a in node.args]
             for node in split_gm.graph.nodes if node.op == "call_module"}
 
@@ -269,6 +271,10 @@ class VgcBackend:
         split_gm, pieces = split_graph(gm, self.config.splitting_ops)
         piece_inputs = _piece_example_inputs(split_gm, example_inputs)
         module_state = _module_state_arguments(split_gm, example_inputs)
+        if self.config.pass_config.get("fuse_sibling_matmuls") and fuse_sibling_linears(
+                split_gm, pieces, piece_inputs, module_state, _compat.detect_fake_mode(example_inputs)):
+            piece_inputs = _piece_example_inputs(split_gm, example_inputs)
+            module_state = _module_state_arguments(split_gm, example_inputs)
         if self.config.splitting_ops and not any(piece.is_splitting for piece in pieces):
             self._explain_unsplit(gm)
         inductor_config, static_config = self._inductor_configs()

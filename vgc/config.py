@@ -155,7 +155,7 @@ def _pass_config(value: Any, name: str) -> dict[str, bool]:
         raise ValueError(f"{name}: unknown graph pass(es) {unknown}; vgc's passes are {sorted(BUILTIN_PASSES)}")
     for key, switch in value.items():
         _bool(switch, f"{name}[{key!r}]")
-    return {key: value.get(key, default) for key, (_, default) in BUILTIN_PASSES.items()}
+    return {key: value.get(key, builtin.default) for key, builtin in BUILTIN_PASSES.items()}
 
 
 def _inductor_passes(value: Any, name: str) -> dict[str, Any]:
@@ -262,8 +262,9 @@ class CompilationConfig:
         "None or 0 means items x the model's max frames per video.",
         _int_at_least(0, none_ok=True), in_hash=False)
     pass_config: dict[str, bool] = _field(
-        "vgc's graph passes, run inside Inductor on every compiled piece, switched by name (see vgc/passes); "
-        "unnamed passes keep their default.", _pass_config, in_hash=True, factory=dict)
+        "vgc's graph passes, switched by name: 'eliminate_noops' (inside Inductor, per piece) and "
+        "'fuse_sibling_matmuls' (linears sharing an input become one, over their weights concatenated once); "
+        "unnamed passes keep their default (see docs/architecture.md#graph-passes-vgcpasses).", _pass_config, in_hash=True, factory=dict)
     inductor_passes: dict[str, Any] = _field(
         "The user's graph passes, by name: torch `CustomGraphPass` objects or callables with a `uuid()`; run after "
         "vgc's on every compiled piece, their uuids in the cache hash.", _inductor_passes, in_hash=True, factory=dict)
@@ -275,8 +276,10 @@ class CompilationConfig:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             setattr(self, f.name, _spec(f).check(getattr(self, f.name), f.name))
+        from vgc.passes.manager import pass_manager
+
         if "post_grad_custom_post_pass" in self.inductor_compile_config and (
-                self.inductor_passes or any(self.pass_config.values())):
+                self.inductor_passes or pass_manager(self.pass_config, {}) is not None):
             raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is where vgc runs its graph "
                              "passes: put that pass in inductor_passes={'<name>': pass} instead")
 

@@ -33,6 +33,29 @@ def time_steps(fn, batch: dict, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
+PASSES = " + passes"
+
+
+def with_pass_twins(rows: dict, twins: dict) -> dict:
+    """`rows` with each row of `twins` (the same strategy with vgc's graph passes on) right after its plain row."""
+    out = {}
+    for name, build in rows.items():
+        out[name] = build
+        if name in twins:
+            out[name + PASSES] = twins[name]
+    return out
+
+
+def print_pass_speedups(results: dict, columns: list[str], width: int) -> None:
+    """Each '+ passes' row's speed-up over its plain twin, measured in the same run."""
+    pairs = [(name, name + PASSES) for name in results if name + PASSES in results]
+    if pairs:
+        print("\nspeed-up from the graph passes (plain / + passes):")
+        for plain, fused in pairs:
+            print(f"{plain:{width}s}" + "".join(f"{results[plain]['ms'][c] / results[fused]['ms'][c]:13.2f}x"
+                                               for c in columns))
+
+
 def main(argv: list[str] | None = None) -> int:
     import vgc
     from vgc.models import llama
@@ -44,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--model", choices=["llama_1b", "tiny"], default="llama_1b")
     parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
+    parser.add_argument("--passes", action="store_true",
+                        help="add a '+ passes' twin of each vgc row, with every built-in graph pass on")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -74,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return compiled, {"capture_s": graphs.get("capture_seconds", 0.0),
                           "graphs": graphs.get("piecewise_graphs", 0) + graphs.get("full_graphs", 0)}
 
-    def dropin(mode: str):
-        return torch.compile(model, backend="vgc", options={"cudagraph_mode": mode})
+    def dropin(mode: str, **options):
+        return torch.compile(model, backend="vgc", options={"cudagraph_mode": mode, **options})
 
     rows = {
         "eager": lambda: (model, {}),
@@ -91,6 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         "drop-in FULL": lambda: (dropin("full"), {}),
         "drop-in FULL_AND_PIECEWISE": lambda: (dropin("full_and_piecewise"), {}),
     }
+    if args.passes:
+        from vgc.passes import BUILTIN_PASSES
+
+        on = {"pass_config": {name: True for name in BUILTIN_PASSES}}
+        rows = with_pass_twins(rows, {
+            "vgc PIECEWISE": lambda: vgc_model("piecewise", **on),
+            "vgc FULL": lambda: vgc_model("full", **on),
+            "vgc FULL_AND_PIECEWISE": lambda: vgc_model("full_and_piecewise", **on),
+            "drop-in PIECEWISE": lambda: (dropin("piecewise", **on), {}),
+            "drop-in FULL_AND_PIECEWISE": lambda: (dropin("full_and_piecewise", **on), {})})
     only = [r.strip() for r in args.only.split(",") if r.strip()]
     results = {}
     for name, build in rows.items():
@@ -127,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nspeed-up over reduce-overhead:")
         for name, r in results.items():
             print(f"{name:26s}" + "".join(f"{base['ms'][c] / r['ms'][c]:13.2f}x" for c, _ in columns))
+    print_pass_speedups(results, [c for c, _ in columns], width=26)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "torch": torch.__version__, "device": torch.cuda.get_device_name(),

@@ -6,7 +6,9 @@ hidden 2048, 32/8 heads), run on whole sequences without a KV cache; `vit`, a `V
 
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", and drop-in
 torch.compile(backend="vgc") with cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE split at SDPA, and
-FULL with `splitting_ops=[]` ("one piece": Inductor compiles attention too, as reduce-overhead does). Each model is
+FULL with `splitting_ops=[]` ("one piece": Inductor compiles attention too, as reduce-overhead does); with
+`--passes`, each vgc row has a "+ passes" twin with every built-in graph pass on (`vgc.passes`), run right after
+it, and the table compares the two. Each model is
 compiled once per row and called at every shape in turn (Dynamo compiles the first shape static and the next one
 with symbolic sizes, as for any user). Each cell is the median of `--steps` calls timed with CUDA events after
 `--warmup` untimed calls (graphs are captured during those).
@@ -20,7 +22,7 @@ import time
 
 import torch
 
-from vgc.bench.decode import time_steps
+from vgc.bench.decode import print_pass_speedups, time_steps, with_pass_twins
 
 SPLIT_AT_SDPA = ["aten::scaled_dot_product_attention"]
 
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
+    parser.add_argument("--passes", action="store_true",
+                        help="add a '+ passes' twin of each vgc row, with every built-in graph pass on")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -81,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     model, make_batch = build_model(args.layers)
     shapes = (args.shapes or default_shapes).split(",")
 
-    def dropin(mode: str, splitting_ops=SPLIT_AT_SDPA):
-        return torch.compile(model, backend="vgc", options={"cudagraph_mode": mode, "splitting_ops": splitting_ops})
+    from vgc.passes import BUILTIN_PASSES
+
+    def dropin(mode: str, splitting_ops=SPLIT_AT_SDPA, passes=False):
+        options = {"cudagraph_mode": mode, "splitting_ops": splitting_ops}
+        if passes:
+            options["pass_config"] = {name: True for name in BUILTIN_PASSES}
+        return torch.compile(model, backend="vgc", options=options)
 
     rows = {
         "eager": lambda: model,
@@ -94,26 +103,35 @@ def main(argv: list[str] | None = None) -> int:
         "drop-in FULL, one piece": lambda: dropin("full", splitting_ops=[]),
         "drop-in FULL_AND_PIECEWISE": lambda: dropin("full_and_piecewise"),
     }
+    if args.passes:
+        rows = with_pass_twins(rows, {
+            "drop-in NONE": lambda: dropin("none", passes=True),
+            "drop-in PIECEWISE": lambda: dropin("piecewise", passes=True),
+            "drop-in FULL": lambda: dropin("full", passes=True),
+            "drop-in FULL, one piece": lambda: dropin("full", splitting_ops=[], passes=True),
+            "drop-in FULL_AND_PIECEWISE": lambda: dropin("full_and_piecewise", passes=True)})
     only = [r.strip() for r in args.only.split(",") if r.strip()]
-    results = {}
+    results, reference = {}, {}
     for name, build in rows.items():
         if only and name not in only:
             continue
         torch.compiler.reset()
         start = time.perf_counter()
         fn = build()
-        cells, timed = {}, {}
+        cells, timed, differences = {}, {}, {}
         with vgc.counters.delta() as row:
             for shape in shapes:
                 batch = make_batch(shape)
                 with torch.no_grad():
-                    fn(**batch)   # untimed: compiles on first use of a shape
+                    out = fn(**batch)[0].float()   # untimed: compiles on first use of a shape
                 torch.cuda.synchronize()
+                differences[shape] = (out - reference.setdefault(shape, out)).abs().max().item()
                 with vgc.counters.delta() as during:
                     cells[shape] = time_steps(fn, batch, args.warmup, args.steps)
                 timed[shape] = {k: during[k] for k in ("cudagraph_replays", "eager_runs")}
         results[name] = {"ms": cells, "setup_s": time.perf_counter() - start,
-                         "cudagraph_captures": row["cudagraph_captures"], "timed_calls": timed}
+                         "cudagraph_captures": row["cudagraph_captures"], "timed_calls": timed,
+                         "max_abs_diff_vs_first_row": differences}
         print(f"  {name}: " + ", ".join(f"{s} {v:.3f} ms" for s, v in cells.items())
               + f"; {row['cudagraph_captures']} graphs captured, timed calls {timed}", flush=True)
 
@@ -128,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nspeed-up over {base_name}:")
             for name, r in results.items():
                 print(f"{name:28s}" + "".join(f"{base['ms'][s] / r['ms'][s]:11.2f}x" for s in shapes))
+    print_pass_speedups(results, shapes, width=28)
+    print(f"\nmax |output - first row's| ({next(iter(results), '-')}), bf16:")
+    for name, r in results.items():
+        print(f"{name:28s}" + "".join(f"{r['max_abs_diff_vs_first_row'][s]:12.4f}" for s in shapes))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "layers": args.layers, "torch": torch.__version__,

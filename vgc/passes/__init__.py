@@ -1,13 +1,28 @@
-"""Graph passes vgc runs inside Inductor on every compiled piece (`manager.PassManager`), and the user's.
+"""Graph passes: vgc's built-in ones and the user's.
 
-`BUILTIN_PASSES` maps each built-in pass's name (its switch in `CompilationConfig.pass_config`) to the function
-and whether it is on by default: a pass is on by default only where it was measured to remove work or time.
+Most passes run inside Inductor on every compiled piece (`manager.PassManager`, stage "post_grad"). A pass that
+needs the model's real parameters runs on the split graph before any piece compiles (stage "split"). Each built-in
+pass has a switch in `CompilationConfig.pass_config` and is on by default only where it was measured to remove
+work or time.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from vgc.passes.noop import eliminate_noops
+from vgc.passes.sibling_matmul import fuse_sibling_linears
+
+
+@dataclass(frozen=True)
+class BuiltinPass:
+    run: Callable
+    default: bool
+    stage: str   # "post_grad": inside Inductor, per piece; "split": on the split graph, before compiling
+
 
 BUILTIN_PASSES = {
-    "eliminate_noops": (eliminate_noops, False),
+    "eliminate_noops": BuiltinPass(eliminate_noops, default=False, stage="post_grad"),
+    "fuse_sibling_matmuls": BuiltinPass(fuse_sibling_linears, default=False, stage="split"),
 }
