@@ -4,7 +4,8 @@ Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhe
 cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE and FULL with optional tuning (see `tuned`), and
 drop-in torch.compile(backend="vgc") with PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch
 sizes and one prefill size.
-Each cell is the median of `--steps` steps timed with CUDA events after `--warmup` untimed steps.
+Each cell is the median of `--steps` steps timed with CUDA events after `--warmup` untimed steps. With `--passes`,
+some vgc rows get a "+ passes" twin (every built-in graph pass on), timed interleaved with the plain row.
 """
 
 from __future__ import annotations
@@ -17,20 +18,50 @@ import time
 import torch
 
 
+def _timed_calls(fn, batch: dict, calls: int) -> list[float]:
+    times = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(**batch)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
 def time_steps(fn, batch: dict, warmup: int, steps: int) -> float:
     with torch.no_grad():
         for _ in range(warmup):
             fn(**batch)
         torch.cuda.synchronize()
-        times = []
-        for _ in range(steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(**batch)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return statistics.median(_timed_calls(fn, batch, steps))
+
+
+def time_interleaved(fns: list, batch: dict, warmup: int, steps: int, rounds: int = 5,
+                     counted: tuple[str, ...] = ()) -> tuple[list[float], list[dict[str, int]]]:
+    """Median ms per call of each fn, timed in `rounds` alternating chunks of `steps // rounds` calls, so that
+    drift in the host or the GPU (clocks, other work) falls on every fn alike; and per fn, how much each counter
+    in `counted` changed during its warm-up and timed calls."""
+    import vgc
+
+    samples: list[list[float]] = [[] for _ in fns]
+    changes = [dict.fromkeys(counted, 0) for _ in fns]
+
+    def run(i: int, work) -> None:
+        with vgc.counters.delta() as d:
+            work()
+        for name in counted:
+            changes[i][name] += d[name]
+
+    with torch.no_grad():
+        for i, fn in enumerate(fns):
+            run(i, lambda: [fn(**batch) for _ in range(warmup)])
+        torch.cuda.synchronize()
+        for _ in range(rounds):
+            for i, fn in enumerate(fns):
+                run(i, lambda: samples[i].extend(_timed_calls(fn, batch, max(1, steps // rounds))))
+    return [statistics.median(s) for s in samples], changes
 
 
 PASSES = " + passes"
@@ -46,8 +77,15 @@ def with_pass_twins(rows: dict, twins: dict) -> dict:
     return out
 
 
+def row_groups(rows: dict, only: list[str]) -> list[list[str]]:
+    """The rows to run, each plain row together with its '+ passes' twin (timed interleaved with it)."""
+    chosen = [name for name in rows if not only or name in only]
+    return [[name] + ([name + PASSES] if name + PASSES in chosen else []) for name in chosen
+            if not (name.endswith(PASSES) and name[:-len(PASSES)] in chosen)]
+
+
 def print_pass_speedups(results: dict, columns: list[str], width: int) -> None:
-    """Each '+ passes' row's speed-up over its plain twin, measured in the same run."""
+    """Each '+ passes' row's speed-up over its plain twin, timed interleaved with it in the same run."""
     pairs = [(name, name + PASSES) for name in results if name + PASSES in results]
     if pairs:
         print("\nspeed-up from the graph passes (plain / + passes):")
@@ -120,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         from vgc.passes import BUILTIN_PASSES
 
         on = {"pass_config": {name: True for name in BUILTIN_PASSES}}
+        # vgc's Llama already runs q/k/v and gate/up as one matmul each: the twins show the passes cost nothing
         rows = with_pass_twins(rows, {
             "vgc PIECEWISE": lambda: vgc_model("piecewise", **on),
             "vgc FULL": lambda: vgc_model("full", **on),
@@ -128,27 +167,29 @@ def main(argv: list[str] | None = None) -> int:
             "drop-in FULL_AND_PIECEWISE": lambda: (dropin("full_and_piecewise", **on), {})})
     only = [r.strip() for r in args.only.split(",") if r.strip()]
     results = {}
-    for name, build in rows.items():
-        if only and name not in only:
-            continue
-        start = time.perf_counter()
-        fn, extra = build()
-        setup_s = time.perf_counter() - start
-        cells = {}
-        first = True
-        for column, make in columns:
+    for group in row_groups(rows, only):
+        built = {}
+        for name in group:
+            start = time.perf_counter()
+            built[name] = rows[name]()
+            built[name][1]["setup_s"] = time.perf_counter() - start
+        cells = {name: {} for name in group}
+        for index, (column, make) in enumerate(columns):
             batch = make()
-            t = time.perf_counter()
-            with torch.no_grad():
-                fn(**batch)      # untimed: the inductor rows compile on first use of a shape here
-            torch.cuda.synchronize()
-            if first:
-                setup_s += time.perf_counter() - t
-                first = False
-            cells[column] = time_steps(fn, batch, args.warmup, args.steps)
-        results[name] = {"ms": cells, "setup_s": setup_s, **extra}
+            for name, (fn, extra) in built.items():
+                t = time.perf_counter()
+                with torch.no_grad():
+                    fn(**batch)      # untimed: the inductor rows compile on first use of a shape here
+                torch.cuda.synchronize()
+                if index == 0:
+                    extra["setup_s"] += time.perf_counter() - t
+            ms, _ = time_interleaved([fn for fn, _ in built.values()], batch, args.warmup, args.steps)
+            for name, value in zip(built, ms):
+                cells[name][column] = value
+        for name, (_, extra) in built.items():
+            results[name] = {"ms": cells[name], **extra}
+            print(f"  {name}: " + ", ".join(f"{c} {v:.3f} ms" for c, v in cells[name].items()), flush=True)
         torch.compiler.reset()
-        print(f"  {name}: " + ", ".join(f"{c} {v:.3f} ms" for c, v in cells.items()), flush=True)
 
     print(f"\nvgc bench decode: {args.model} bf16 on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           f"median of {args.steps} steps (ms)")

@@ -7,8 +7,8 @@ hidden 2048, 32/8 heads), run on whole sequences without a KV cache; `vit`, a `V
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", and drop-in
 torch.compile(backend="vgc") with cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE split at SDPA, and
 FULL with `splitting_ops=[]` ("one piece": Inductor compiles attention too, as reduce-overhead does); with
-`--passes`, each vgc row has a "+ passes" twin with every built-in graph pass on (`vgc.passes`), run right after
-it, and the table compares the two. Each model is
+`--passes`, each vgc row has a "+ passes" twin with every built-in graph pass on (`vgc.passes`), on a copy of the
+model, timed interleaved with its plain row (5 alternating chunks), and the table compares the two. Each model is
 compiled once per row and called at every shape in turn (Dynamo compiles the first shape static and the next one
 with symbolic sizes, as for any user). Each cell is the median of `--steps` calls timed with CUDA events after
 `--warmup` untimed calls (graphs are captured during those).
@@ -17,12 +17,13 @@ with symbolic sizes, as for any user). Each cell is the median of `--steps` call
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 
 import torch
 
-from vgc.bench.decode import print_pass_speedups, time_steps, with_pass_twins
+from vgc.bench.decode import print_pass_speedups, row_groups, time_interleaved, with_pass_twins
 
 SPLIT_AT_SDPA = ["aten::scaled_dot_product_attention"]
 
@@ -88,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     from vgc.passes import BUILTIN_PASSES
 
     def dropin(mode: str, splitting_ops=SPLIT_AT_SDPA, passes=False):
-        options = {"cudagraph_mode": mode, "splitting_ops": splitting_ops}
-        if passes:
-            options["pass_config"] = {name: True for name in BUILTIN_PASSES}
-        return torch.compile(model, backend="vgc", options=options)
+        options = {"cudagraph_mode": mode, "splitting_ops": splitting_ops,
+                   "pass_config": {name: passes for name in BUILTIN_PASSES}}
+        # The twin with passes runs on a copy: the fusion rebinds the weights, and the plain row runs beside it.
+        return torch.compile(copy.deepcopy(model) if passes else model, backend="vgc", options=options)
 
     rows = {
         "eager": lambda: model,
@@ -112,28 +113,38 @@ def main(argv: list[str] | None = None) -> int:
             "drop-in FULL_AND_PIECEWISE": lambda: dropin("full_and_piecewise", passes=True)})
     only = [r.strip() for r in args.only.split(",") if r.strip()]
     results, reference = {}, {}
-    for name, build in rows.items():
-        if only and name not in only:
-            continue
+    for group in row_groups(rows, only):
         torch.compiler.reset()
-        start = time.perf_counter()
-        fn = build()
-        cells, timed, differences = {}, {}, {}
-        with vgc.counters.delta() as row:
-            for shape in shapes:
-                batch = make_batch(shape)
-                with torch.no_grad():
+        fns, setup = {}, {}
+        for name in group:
+            start = time.perf_counter()
+            fns[name] = rows[name]()
+            setup[name] = time.perf_counter() - start
+        cells = {name: {} for name in group}
+        timed = {name: {} for name in group}
+        differences = {name: {} for name in group}
+        captures = dict.fromkeys(group, 0)
+        for shape in shapes:
+            batch = make_batch(shape)
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                with torch.no_grad(), vgc.counters.delta() as first:
                     out = fn(**batch)[0].float()   # untimed: compiles on first use of a shape
                 torch.cuda.synchronize()
-                differences[shape] = (out - reference.setdefault(shape, out)).abs().max().item()
-                with vgc.counters.delta() as during:
-                    cells[shape] = time_steps(fn, batch, args.warmup, args.steps)
-                timed[shape] = {k: during[k] for k in ("cudagraph_replays", "eager_runs")}
-        results[name] = {"ms": cells, "setup_s": time.perf_counter() - start,
-                         "cudagraph_captures": row["cudagraph_captures"], "timed_calls": timed,
-                         "max_abs_diff_vs_first_row": differences}
-        print(f"  {name}: " + ", ".join(f"{s} {v:.3f} ms" for s, v in cells.items())
-              + f"; {row['cudagraph_captures']} graphs captured, timed calls {timed}", flush=True)
+                setup[name] += time.perf_counter() - start
+                captures[name] += first["cudagraph_captures"]
+                differences[name][shape] = (out - reference.setdefault(shape, out)).abs().max().item()
+            ms, changes = time_interleaved(list(fns.values()), batch, args.warmup, args.steps,
+                                           counted=("cudagraph_captures", "cudagraph_replays", "eager_runs"))
+            for name, value, change in zip(fns, ms, changes):
+                cells[name][shape] = value
+                captures[name] += change.pop("cudagraph_captures")
+                timed[name][shape] = change   # warm-up calls included
+        for name in group:
+            results[name] = {"ms": cells[name], "setup_s": setup[name], "cudagraph_captures": captures[name],
+                             "calls_after_the_first": timed[name], "max_abs_diff_vs_first_row": differences[name]}
+            print(f"  {name}: " + ", ".join(f"{s} {v:.3f} ms" for s, v in cells[name].items())
+                  + f"; {captures[name]} graphs captured, calls after the first {timed[name]}", flush=True)
 
     print(f"\nvgc bench hf: transformers {args.model} bf16 on {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}; median of {args.steps} calls (ms)")
