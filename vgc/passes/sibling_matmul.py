@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import collections
 import logging
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-from torch.utils.weak import WeakIdKeyDictionary
 
 from vgc import _compat
 from vgc.cudagraph.runtime import stream_capturing
@@ -33,20 +33,27 @@ logger = logging.getLogger("vgc")
 
 _LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear, torch.ops.aten.linear.default)
 
-# parts[0] -> (fused view, every part's address): the fast path's answer for a group laid out by `fused_weight`
-_laid_out: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# id(parts[0]) -> (a weak reference to parts[0], the fused view, every part's address): the fast path's answer for
+# a group laid out by `fused_weight`; an entry leaves with its first part. A plain dict keyed by id, because the
+# fast path runs once per group per call in host-bound modes, and a weak-keyed dictionary costs microseconds.
+_laid_out: dict[int, tuple[weakref.ref, torch.Tensor, tuple[int, ...]]] = {}
+_data_ptr = torch.Tensor.data_ptr
 _warned_moved = False
 
 
 def fused_weight(*parts: torch.Tensor) -> torch.Tensor:
     """The parts (2-D weights with equal columns, or 1-D biases) as one tensor, rows end to end; see the module's
     docstring for when it copies."""
+    known = _laid_out.get(id(parts[0]))
+    if known is not None and known[0]() is parts[0] and tuple(map(_data_ptr, parts)) == known[2]:
+        return known[1]
+    return _fuse(parts)
+
+
+def _fuse(parts) -> torch.Tensor:
     first = parts[0]
     if isinstance(first, fx.Proxy):   # FX re-traces a saved split graph as it unpickles it: record the call
         return first.tracer.create_proxy("call_function", fused_weight, parts, {})
-    known = _laid_out.get(first)
-    if known is not None and all(p.data_ptr() == address for p, address in zip(parts, known[1])):
-        return known[0]
     if _compat.is_fake(first):   # planning: only the shape matters
         return torch.cat(parts)
     fused = _view_of_laid_out(parts)
@@ -62,7 +69,9 @@ def fused_weight(*parts: torch.Tensor) -> torch.Tensor:
         for part in parts:
             part.data = fused[rows:rows + part.shape[0]]
             rows += part.shape[0]
-    _laid_out[first] = (fused, tuple(p.data_ptr() for p in parts))
+    key = id(first)
+    _laid_out[key] = (weakref.ref(first, lambda _, key=key: _laid_out.pop(key, None)), fused,
+                      tuple(map(_data_ptr, parts)))
     return fused
 
 
