@@ -24,5 +24,5 @@ class BuiltinPass:
 
 BUILTIN_PASSES = {
     "eliminate_noops": BuiltinPass(eliminate_noops, default=False, stage="post_grad"),
-    "fuse_sibling_matmuls": BuiltinPass(fuse_sibling_linears, default=False, stage="split"),
+    "fuse_sibling_matmuls": BuiltinPass(fuse_sibling_linears, default=True, stage="split"),
 }
