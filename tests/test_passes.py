@@ -233,8 +233,23 @@ class Flattening(torch.nn.Module):
         return self.a(x).view(-1) * 2 + self.b(x).view(-1)
 
 
-def test_a_piece_the_fusion_would_break_keeps_its_linears(no_cache):
-    model = Flattening().eval()
+class WrittenBetween(torch.nn.Module):
+    """Sibling linears with an in-place write to their input between them: one matmul would read it too early."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = x + 1
+        a = self.a(h)
+        h.mul_(2)
+        return a + self.b(h)
+
+
+@pytest.mark.parametrize("model_class", [Flattening, WrittenBetween])
+def test_a_piece_the_fusion_would_break_keeps_its_linears(model_class, no_cache):
+    model = model_class().eval()
     backend = vgc.VgcBackend(vgc.CompilationConfig(pass_config={"fuse_sibling_matmuls": True}))
     compiled = torch.compile(model, backend=backend)
     x = torch.randn(4, 8)

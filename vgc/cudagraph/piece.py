@@ -45,20 +45,24 @@ def mutated_inputs(gm: fx.GraphModule) -> set[int]:
 
     mutated = set()
     for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method"):
-            continue
-        written = []
-        schemas = _compat.op_schemas(node.target)
-        if schemas:   # several for a packet: an argument any of its overloads writes counts
-            written = [_argument(node, arg, i) for schema in schemas for i, arg in enumerate(schema.arguments)
-                       if arg.alias_info is not None and arg.alias_info.is_write]
-        elif node.target in _IN_PLACE_OPERATORS or getattr(operator, _name(node).strip("_"), None) in \
-                _IN_PLACE_OPERATORS:   # also `x.__iadd__(y)`
-            written = node.args[:1]
-        elif _name(node).endswith("_") and not _name(node).startswith("__") and node.args:
-            written = [node.args[0]]
-        mutated.update(i for i in map(base_input, written) if i is not None)
+        mutated.update(i for i in map(base_input, written_arguments(node)) if i is not None)
     return mutated
+
+
+def written_arguments(node: fx.Node) -> list:
+    """The arguments `node` writes in place (by its schema, as Python's in-place operators, or as `x.op_()`)."""
+    if node.op not in ("call_function", "call_method"):
+        return []
+    schemas = _compat.op_schemas(node.target)
+    if schemas:   # several for a packet: an argument any of its overloads writes counts
+        return [_argument(node, arg, i) for schema in schemas for i, arg in enumerate(schema.arguments)
+                if arg.alias_info is not None and arg.alias_info.is_write]
+    if node.target in _IN_PLACE_OPERATORS or getattr(operator, _name(node).strip("_"), None) in \
+            _IN_PLACE_OPERATORS:   # also `x.__iadd__(y)`
+        return list(node.args[:1])
+    if _name(node).endswith("_") and not _name(node).startswith("__") and node.args:
+        return [node.args[0]]
+    return []
 
 
 def _argument(node: fx.Node, argument: torch.Argument, position: int):

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from vgc import _compat
+from vgc import _compat, views
+from vgc.cudagraph.piece import written_arguments
 from vgc.cudagraph.runtime import stream_capturing
 
 logger = logging.getLogger("vgc")
@@ -58,7 +59,8 @@ def _fuse(parts) -> torch.Tensor:
         return torch.cat(parts)
     fused = _view_of_laid_out(parts)
     if fused is None:
-        with torch.no_grad(), torch.inference_mode(False):   # the parameters must stay ordinary tensors
+        # Rebound parameters keep their kind: ordinary tensors stay ordinary even when called in inference mode.
+        with torch.no_grad(), torch.inference_mode(first.is_inference()):
             fused = torch.cat(parts)
         if stream_capturing() or not all(_owns_its_storage(p) for p in parts):
             # A capture would rebind the weights to graph memory; shared storage means a part moved after
@@ -137,9 +139,11 @@ def _groups(module: fx.GraphModule, state_value: dict[fx.Node, torch.Tensor]) ->
                 (bias is None or _is_parameter(bias, state_value, dim=1)):
             by_input[x].append(_Member(node, weight, bias))
     groups = []
-    for members in by_input.values():
+    for x, members in by_input.items():
         first = state_value[members[0].weight]
         members = [m for m in members if _compatible(state_value[m.weight], first)]
+        if len(members) >= 2 and _written_between(module, x, members[0].node, members[-1].node):
+            continue   # the fused linear, at the first one's place, would read x before the write
         if len(members) < 2 or len({m.bias is None for m in members}) != 1:
             continue
         if members[0].bias is not None and any(state_value[m.bias].shape[0] != state_value[m.weight].shape[0]
@@ -147,6 +151,21 @@ def _groups(module: fx.GraphModule, state_value: dict[fx.Node, torch.Tensor]) ->
             continue
         groups.append(members)
     return groups
+
+
+def _written_between(module: fx.GraphModule, x: fx.Node, first: fx.Node, last: fx.Node) -> bool:
+    """Some node from `first` to `last` writes in place to `x` or to a tensor sharing its storage (conservatively:
+    any in-place write to a tensor whose storage base is x's, or whose base is unknown)."""
+    base = views.storage_base(x)
+    between = False
+    for node in module.graph.nodes:
+        between = between or node is first
+        if between and any(isinstance(a, fx.Node) and views.storage_base(a) in (base, None)
+                           for a in written_arguments(node)):
+            return True
+        if node is last:
+            return False
+    return False
 
 
 def _is_parameter(node, state_value: dict, dim: int) -> bool:
