@@ -32,7 +32,7 @@ from vgc.cudagraph.runtime import stream_capturing
 
 logger = logging.getLogger("vgc")
 
-_LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear, torch.ops.aten.linear.default)
+_LINEAR_TARGETS = (torch.nn.functional.linear, torch.ops.aten.linear.default)   # F.linear is what Dynamo records
 
 # id(parts[0]) -> (a weak reference to parts[0], the fused view, every part's address): the fast path's answer for
 # a group laid out by `fused_weight`; an entry leaves with its first part. A plain dict keyed by id, because the
