@@ -314,6 +314,42 @@ def test_an_injected_enospc_on_every_cache_write_still_compiles_and_warns_once(t
     assert len(full_disk) >= 1 and len(full_disk) <= 2, [r.getMessage() for r in caplog.records]
 
 
+def test_a_compiler_that_runs_out_of_disk_moves_the_kernel_cache_off_and_compiles_again(tmp_path, monkeypatch):
+    # gcc reports a full disk in its output, which Inductor raises as a CppCompileError, not an OSError (seen in
+    # CI on the 256k tmpfs above, whose filling point depends on how much Inductor wrote before)
+    from torch._inductor.exc import CppCompileError
+    from vgc.cache.store import ArtifactStore
+
+    root = tmp_path / "root"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor_cache"))
+    store = ArtifactStore(root / "entry" / "rank_0_0", "binary", kernel_root=root)
+    attempts = []
+
+    def compile_fn():
+        attempts.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        if len(attempts) == 1:
+            raise RuntimeError("compile failed") from CppCompileError(
+                ["g++", "k.cpp"], "/usr/bin/ld: final link failed: No space left on device\ncollect2: error")
+        return "kernel"
+
+    assert store.load_or_compile("piece", compile_fn, {}).artifact == "kernel"
+    assert len(attempts) == 2 and not attempts[1].startswith(str(root)), attempts
+    assert store.saving is False   # nothing more is written to that disk by this start
+
+
+def test_a_compile_error_that_is_not_about_the_disk_is_raised_unchanged(tmp_path):
+    from vgc.cache.store import ArtifactStore
+
+    root = tmp_path / "root"
+    store = ArtifactStore(root / "entry" / "rank_0_0", "binary", kernel_root=root)
+
+    def compile_fn():
+        raise ValueError("the model's own lowering error")
+
+    with pytest.raises(ValueError, match="own lowering error"):
+        store.load_or_compile("piece", compile_fn, {})
+
+
 def test_trust_refuses_a_writable_or_foreign_directory_unless_told_otherwise(tmp_path, monkeypatch):
     from vgc.cache import entry
 

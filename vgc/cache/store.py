@@ -351,9 +351,9 @@ class ArtifactStore:
         except Exception as error:
             if self.kernel_root is None:
                 raise
-            cause = _os_error_in(error)
-            if isinstance(cause, OSError) and cause.errno in _UNWRITABLE:
-                recovery.move_kernel_cache_off(self.kernel_root, _describe(cause))
+            unwritable = _unwritable_disk_in(error)
+            if unwritable is not None:
+                recovery.move_kernel_cache_off(self.kernel_root, unwritable)
                 self.saving = False
             elif not recovery.remove_suspects(error, self.kernel_root):
                 if not recovery.raised_reading_a_cache(error):
@@ -378,6 +378,25 @@ class ArtifactStore:
 def _os_error_in(error: BaseException) -> OSError | None:
     """The OSError behind `error` (Inductor and Dynamo wrap what they raise), or None."""
     return next((link for link in recovery.error_chain(error) if isinstance(link, OSError)), None)
+
+
+# What a compiler or linker prints when it cannot write its output: gcc reports a full disk as text in a
+# CppCompileError, not as an OSError.
+_UNWRITABLE_TEXT = tuple(os.strerror(code) for code in _UNWRITABLE if code not in (errno.EACCES, errno.EPERM))
+
+
+def _unwritable_disk_in(error: BaseException) -> str | None:
+    """Why the disk under the kernel cache cannot take a compile's output (a full disk, a quota, a read-only
+    file system), as an OSError or a subprocess's message behind `error`; None when nothing says so."""
+    cause = _os_error_in(error)
+    if isinstance(cause, OSError) and cause.errno in _UNWRITABLE:
+        return _describe(cause)
+    for link in recovery.error_chain(error):
+        text = str(link)
+        found = next((reason for reason in _UNWRITABLE_TEXT if reason in text), None)
+        if found is not None:
+            return f"{found} (in a {type(link).__name__})"
+    return None
 
 
 class NoStore:
