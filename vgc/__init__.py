@@ -8,6 +8,7 @@ from vgc.counters import counters  # noqa: E402
 from vgc.backend import CompileAfterWarmupError, VgcBackend, vgc_backend  # noqa: E402
 from vgc.api import CompiledModel, compile  # noqa: E402
 from vgc.guards import InputMismatchError  # noqa: E402
+from vgc.distributed import RankFailedError  # noqa: E402
 from vgc import _compat  # noqa: E402
 from vgc import log as _log  # noqa: E402
 
@@ -16,5 +17,5 @@ _log.install_fallback_handler()
 
 __all__ = [
     "CompilationConfig", "CUDAGraphMode", "DynamicShapesConfig", "DynamicShapesType", "VgcBackend",
-    "CompileAfterWarmupError", "CompiledModel", "InputMismatchError", "compile", "counters", "__version__",
+    "CompileAfterWarmupError", "CompiledModel", "InputMismatchError", "RankFailedError", "compile", "counters", "__version__",
 ]

@@ -668,3 +668,17 @@ def remember_cpu_isa_probes() -> None:
         return loaded
 
     VecISA._probe_load = probe_load
+
+
+def default_store():
+    """The key-value store `torch.distributed.init_process_group` made, or None (no group, or a torch without
+    the accessor: then ranks start without checking in)."""
+    import torch.distributed as dist
+
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if getter is None or not dist.is_initialized():
+        return None
+    try:
+        return getter()
+    except (RuntimeError, ValueError):
+        return None

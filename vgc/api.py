@@ -24,6 +24,7 @@ from vgc.contract import (DimSpec, InputContract, argument_specs, check_dynamic_
                           mark_dynamic_dims, padded_dims)
 from vgc.counters import counters
 from vgc.cudagraph.dispatch import GraphDispatcher
+from vgc.distributed import StartCheckIn
 from vgc.guards import argument_tensors
 from vgc.trace_session import TraceSession
 
@@ -82,7 +83,19 @@ class CompiledModel:
     # ---- the one trace (or a saved one) ----
     def _start(self, args, kwargs):
         """The first call: load the saved trace of this model and input contract, else trace (and save) it; then
-        build the contract and, on CUDA, the graph dispatcher, and answer the call."""
+        build the contract and, on CUDA, the graph dispatcher, and answer the call. With several ranks, each
+        checks in with the others between building its pieces and its first run (`vgc.distributed`)."""
+        check_in = StartCheckIn()
+        self.backend.before_first_run = check_in.ready
+        try:
+            return self._start_checked_in(args, kwargs, check_in)
+        except BaseException as e:
+            check_in.failed(e)   # no effect once this rank has reported ready
+            raise
+        finally:
+            self.backend.before_first_run = None
+
+    def _start_checked_in(self, args, kwargs, check_in: StartCheckIn):
         start = time.perf_counter()
         arguments = self._bind(args, kwargs)
         mode = self.config.dynamic_shapes_config.type
@@ -104,6 +117,7 @@ class CompiledModel:
                                  graph.compiler_guards)
         self._run = run
         if out is None:   # a saved or captured program has not run yet
+            check_in.ready(graph.collectives)
             try:
                 with torch.no_grad():
                     out = self._run(*args, **kwargs)

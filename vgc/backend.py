@@ -22,8 +22,10 @@ from vgc.counters import Counters, counters
 from vgc.cudagraph.dropin import DropInGraphs, GraphInputs, full_graph_blocker
 from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
 from vgc.cudagraph.runtime import GraphRuntime
+from vgc.distributed import RankFailedError
 from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
 from vgc.guards import StateTensor, snapshot_shape_guards
+from vgc.ops.collectives import collective_calls
 from vgc.passes.manager import pass_manager
 from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
 from vgc.piecewise import CompiledPiece
@@ -56,6 +58,7 @@ class GraphRecord:
     compiler_guards: list = field(default_factory=list)   # what Inductor assumed on top (trace-once only)
     input_check: request_checks.InputIdCheck | None = None   # token ids checked before each call (None: none)
     full_graphs: DropInGraphs | None = None   # drop-in FULL modes: the graph's FULL CUDA graphs
+    collectives: int = 0   # calls that talk to other ranks: every rank must run the graph together
 
     @property
     def artifacts_compiled(self) -> int:
@@ -214,6 +217,8 @@ class VgcBackend:
         # vgc.compile's capture for a saved trace: the backend only plans, and the owner builds the plan once the
         # traced source files (and so the cache entry) are known.
         self.defer_build = False
+        # vgc.compile's check-in with the other ranks, between building a live-traced graph and its first run.
+        self.before_first_run: Callable[[int], None] | None = None
 
     @contextlib.contextmanager
     def tracing(self):
@@ -258,6 +263,11 @@ class VgcBackend:
         forward = self.build(plan, store, around=self._full_graphs(gm, example_inputs, plan.device_type,
                                                                    graph_runtime))
         debug_files.expect_transformed_code(store)
+        if self.before_first_run is not None:   # vgc.compile's live trace: Dynamo runs the graph right after this
+            try:
+                self.before_first_run(plan.collectives)
+            except RankFailedError as e:
+                raise _compat.through_dynamo(e) from e
         if graph_runtime is not None and not self.trace_once:
             forward = _copy_graph_outputs(forward, graph_runtime)
         anchor = _grad_anchor(example_inputs)
@@ -309,7 +319,7 @@ class VgcBackend:
                          # IndexError): check first.
                          input_check=request_checks.checker_for(gm, example_inputs), example_inputs=example_inputs,
                          seconds={"split": time.perf_counter() - start}, state_tensors=state,
-                         code_files=_compat.graph_code_files(gm))
+                         code_files=_compat.graph_code_files(gm), collectives=collective_calls(gm))
 
     def _full_graphs(self, gm: fx.GraphModule, example_inputs: list, device_type: str,
                      graph_runtime: GraphRuntime | None) -> Callable | None:
@@ -335,7 +345,8 @@ class VgcBackend:
         record = GraphRecord(pieces=plan.pieces, compiled={}, unique_keys=set(), cache_dir=None,
                              computation_graph=None, counters=Counters.child_of(self.counters),
                              device_type=plan.device_type, shape_guards=plan.shape_guards,
-                             input_check=plan.input_check, seconds=dict(plan.seconds))
+                             input_check=plan.input_check, seconds=dict(plan.seconds),
+                             collectives=plan.collectives)
         record.counters.add(dynamo_traces=int(plan.traced))
         graph_runtime = self._piece_graph_runtime(plan.device_type)
         split_gm = plan.split_gm

@@ -59,6 +59,7 @@ class GraphPlan:
     state_tensors: list = field(default_factory=list)   # guards.StateTensor: the model's weights as traced
     code_files: set[str] = field(default_factory=set)   # files whose code made an operation (traced plans only)
     structure: tuple = ()   # guards.model_structure of the traced model (set by its TraceSession)
+    collectives: int = 0    # calls that talk to other ranks (vgc::all_reduce, functional collectives)
 
     @property
     def traced(self) -> bool:
@@ -103,6 +104,7 @@ class GraphPlan:
             "input_check": self.input_check,
             "state_tensors": self.state_tensors,
             "structure": self.structure,
+            "collectives": self.collectives,
         }
 
     @classmethod
@@ -118,7 +120,8 @@ class GraphPlan:
         pieces = [Piece(name, index, splitting, modules.get(name) or getattr(split_gm, name, None))
                   for name, index, splitting in state["pieces"]]
         return cls(split_gm, pieces, plans, state["device_type"], state["shape_guards"], state["input_check"],
-                   state["compiler_guards"], state_tensors=state["state_tensors"], structure=state["structure"])
+                   state["compiler_guards"], state_tensors=state["state_tensors"], structure=state["structure"],
+                   collectives=state.get("collectives", 0))
 
 
 class SavedGraph(_compat.SerializableCallable):

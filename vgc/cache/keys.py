@@ -68,11 +68,20 @@ def environment_factors(device_type: str) -> dict[str, Any]:
         "torch_build": _compat.torch_build_key(),
         "device_type": device_type,
         **_device_factors(device_type),
+        # a tensor-parallel shard's code depends on how many ranks share the model; its rank only picks the
+        # directory (rank_<r>_<dp>/), since every rank compiles the same code
+        "world_size": _world_size(),
         "inductor_config": _digest(inductor),
         "functorch_config": _digest(functorch),
         "inductor_custom_passes": {name: pass_identity(value)
                                    for name, value in _compat.inductor_custom_passes().items()},
     }
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def pass_identity(graph_pass: Any) -> str:

@@ -1,10 +1,18 @@
 """Reference Llama-style decoder with random weights, served over a paged KV
-cache through ``torch.ops.vgc.attention``.
+cache through ``torch.ops.vgc.attention``, on one GPU or tensor-parallel.
 
 The forward is written for the compiler: pure torch ops apart from the
 attention op, no host syncs, no Python branches on shapes or values, and every
 layer traced from the same code with the same constants, so that the layers'
 FX graphs are identical and can be deduplicated.
+
+Tensor parallelism (``cfg.sharded(rank, size)``) follows Megatron: q/k/v and
+gate/up are column-parallel (each rank holds its heads and its slice of the
+intermediate size), o and down are row-parallel with a ``vgc::all_reduce`` of
+their partial sums, and each rank's KV cache holds its own KV heads. A shard
+draws the same full weights as the unsharded model and keeps its slice, so
+every tensor-parallel size computes the same function. Embeddings and norms
+are replicated.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from torch import nn
 
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.vgc.attention)
 
-__all__ = ["LlamaConfig", "Llama", "tiny_config", "llama_1b_config",
+__all__ = ["LlamaConfig", "Llama", "tiny_config", "llama_1b_config", "llama_8b_config",
            "make_kv_caches", "make_batch", "PAD_VALUES", "is_uniform_decode"]
 
 
@@ -38,6 +46,35 @@ class LlamaConfig:
     num_blocks: int = 1280
     dtype: torch.dtype = torch.float32
     seed: int = 0
+    # Tensor parallelism: this model holds shard `tp_rank` of `tp_size`.
+    tp_size: int = 1
+    tp_rank: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise ValueError(f"tp_size must be a positive int, got {self.tp_size!r}")
+        if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"tp_rank must be an int in [0, tp_size={self.tp_size}), got {self.tp_rank!r}")
+        for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+            if getattr(self, name) % self.tp_size:
+                raise ValueError(f"{name}={getattr(self, name)} is not divisible by tp_size={self.tp_size}; "
+                                 "pick a tensor-parallel size that divides the heads and the intermediate size")
+
+    def sharded(self, rank: int, size: int) -> "LlamaConfig":
+        """This model as shard `rank` of `size` tensor-parallel shards."""
+        return dataclasses.replace(self, tp_rank=rank, tp_size=size)
+
+    @property
+    def local_heads(self) -> int:
+        return self.num_heads // self.tp_size
+
+    @property
+    def local_kv_heads(self) -> int:
+        return self.num_kv_heads // self.tp_size
+
+    @property
+    def local_intermediate_size(self) -> int:
+        return self.intermediate_size // self.tp_size
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -62,6 +99,16 @@ def llama_1b_config() -> LlamaConfig:
     return LlamaConfig(vocab_size=128256, hidden_size=2048, num_layers=16,
                        num_heads=32, num_kv_heads=8, head_dim=64,
                        intermediate_size=8192, rope_theta=500000.0,
+                       max_position=4096, block_size=16, num_blocks=2048,
+                       dtype=torch.bfloat16)
+
+
+def llama_8b_config() -> LlamaConfig:
+    # Llama-3.1-8B shapes, for tensor-parallel benchmarks: 16 GB of bf16
+    # weights; 2048 blocks of KV cache take 4 GiB over the 32 layers (TP=1).
+    return LlamaConfig(vocab_size=128256, hidden_size=4096, num_layers=32,
+                       num_heads=32, num_kv_heads=8, head_dim=128,
+                       intermediate_size=14336, rope_theta=500000.0,
                        max_position=4096, block_size=16, num_blocks=2048,
                        dtype=torch.bfloat16)
 
@@ -99,14 +146,15 @@ def _linear(n_in: int, n_out: int, dtype: torch.dtype) -> nn.Linear:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, tp_group_name: str | None = None):
         super().__init__()
-        self.num_heads = cfg.num_heads
-        self.num_kv_heads = cfg.num_kv_heads
+        self.num_heads = cfg.local_heads
+        self.num_kv_heads = cfg.local_kv_heads
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim ** -0.5
-        q_size = cfg.num_heads * cfg.head_dim
-        kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.tp_group_name = tp_group_name   # None: no all-reduce (one shard)
+        q_size = self.num_heads * cfg.head_dim
+        kv_size = self.num_kv_heads * cfg.head_dim
         self.qkv_split = [q_size, kv_size, kv_size]
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.qkv_proj = _linear(cfg.hidden_size, q_size + 2 * kv_size,
@@ -114,9 +162,15 @@ class DecoderLayer(nn.Module):
         self.o_proj = _linear(q_size, cfg.hidden_size, cfg.dtype)
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.gate_up_proj = _linear(cfg.hidden_size,
-                                    2 * cfg.intermediate_size, cfg.dtype)
-        self.down_proj = _linear(cfg.intermediate_size, cfg.hidden_size,
+                                    2 * cfg.local_intermediate_size, cfg.dtype)
+        self.down_proj = _linear(cfg.local_intermediate_size, cfg.hidden_size,
                                  cfg.dtype)
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        # Row-parallel output: each rank holds a partial sum over its slice.
+        if self.tp_group_name is None:
+            return partial
+        return torch.ops.vgc.all_reduce(partial, self.tp_group_name)
 
     def forward(self, x, cos, sin, kv_cache, slot_mapping, block_table,
                 seq_lens, query_start_loc):
@@ -129,18 +183,35 @@ class DecoderLayer(nn.Module):
         torch.ops.vgc.attention(out, q, k, v, kv_cache[0], kv_cache[1],
                                 slot_mapping, block_table, seq_lens,
                                 query_start_loc, self.scale)
-        x = x + self.o_proj(out.flatten(1))
+        x = x + self._reduce(self.o_proj(out.flatten(1)))
         gate, up = self.gate_up_proj(self.post_norm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(nn.functional.silu(gate) * up)
+        return x + self._reduce(self.down_proj(nn.functional.silu(gate) * up))
 
 
 class Llama(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    """The decoder, or its shard `cfg.tp_rank` of `cfg.tp_size`.
+
+    A shard all-reduces over `tp_group` (default: the whole world, which must
+    then have `cfg.tp_size` ranks). `tp_group` given with `tp_size` 1 runs the
+    all-reduces over that one-rank group (a test of the collective path).
+    """
+
+    def __init__(self, cfg: LlamaConfig, tp_group=None):
         super().__init__()
         self.cfg = cfg
+        group_name = None
+        if cfg.tp_size > 1 or tp_group is not None:
+            from ..ops.collectives import register_group
+
+            group_name = register_group(tp_group)
+            size = (tp_group.size() if tp_group is not None
+                    else torch.distributed.get_world_size())
+            if size != cfg.tp_size:
+                raise ValueError(f"cfg.tp_size={cfg.tp_size} but the tensor-parallel group has {size} ranks; "
+                                 "pass tp_group= a group of tp_size ranks, or cfg.sharded(rank, group size)")
         self.embed_tokens = _uninitialized(nn.Embedding, cfg.vocab_size,
                                            cfg.hidden_size, dtype=cfg.dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, group_name)
                                     for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         exponents = torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim
@@ -157,13 +228,17 @@ class Llama(nn.Module):
         # residual stream stays O(1) over layers.
         if self.embed_tokens.weight.is_meta:
             return
-        residual = (2 * self.cfg.num_layers) ** -0.5
-        plan = [(self.embed_tokens.weight, 1.0)]
+        cfg = self.cfg
+        residual = (2 * cfg.num_layers) ** -0.5
+        shards = _shard_slices(cfg)
+        plan = [(self.embed_tokens.weight, 1.0, None)]
         for layer in self.layers:
-            for proj, extra in ((layer.qkv_proj, 1.0), (layer.o_proj, residual),
-                                (layer.gate_up_proj, 1.0),
-                                (layer.down_proj, residual)):
-                plan.append((proj.weight, extra / math.sqrt(proj.in_features)))
+            for name, extra in (("qkv_proj", 1.0), ("o_proj", residual),
+                                ("gate_up_proj", 1.0), ("down_proj", residual)):
+                full_shape, take = shards[name]
+                # std from the full fan-in, so every shard draws one model
+                plan.append((getattr(layer, name).weight, extra / math.sqrt(full_shape[1]),
+                             (full_shape, take) if cfg.tp_size > 1 else None))
         # One generator per tensor, seeded from cfg.seed, so that tensors can
         # be drawn in parallel threads (CPU randn is single-threaded: ~10 s
         # at 1B otherwise) and still come out the same every time.
@@ -172,9 +247,13 @@ class Llama(nn.Module):
                                   self.cfg.seed)).tolist()
 
         @torch.no_grad()  # grad mode is per thread
-        def fill(param, std, seed):
+        def fill(param, std, shard, seed):
             gen = torch.Generator().manual_seed(seed)
-            param.copy_(torch.randn(param.shape, generator=gen) * std)
+            if shard is None:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+                return
+            full_shape, take = shard
+            param.copy_(take(torch.randn(full_shape, generator=gen)) * std)
 
         with concurrent.futures.ThreadPoolExecutor() as pool:
             for job in [pool.submit(fill, *p, seed)
@@ -195,9 +274,29 @@ class Llama(nn.Module):
         return self.norm(x)
 
 
+def _shard_slices(cfg: LlamaConfig) -> dict:
+    """Per projection: the full (unsharded) weight's shape, and how this shard's
+    weight is cut from it (rows of column-parallel, columns of row-parallel)."""
+    r, d = cfg.tp_rank, cfg.head_dim
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    q_l, kv_l, i_l = cfg.local_heads * d, cfg.local_kv_heads * d, cfg.local_intermediate_size
+    inter = cfg.intermediate_size
+
+    def rows(*starts_and_lengths):
+        return lambda w: torch.cat([w[s:s + n] for s, n in starts_and_lengths])
+
+    return {
+        "qkv_proj": ((q + 2 * kv, cfg.hidden_size),
+                     rows((r * q_l, q_l), (q + r * kv_l, kv_l), (q + kv + r * kv_l, kv_l))),
+        "o_proj": ((cfg.hidden_size, q), lambda w: w[:, r * q_l:(r + 1) * q_l]),
+        "gate_up_proj": ((2 * inter, cfg.hidden_size), rows((r * i_l, i_l), (inter + r * i_l, i_l))),
+        "down_proj": ((cfg.hidden_size, inter), lambda w: w[:, r * i_l:(r + 1) * i_l]),
+    }
+
+
 def make_kv_caches(cfg: LlamaConfig, device="cpu") -> list[torch.Tensor]:
-    """One zeroed [2 (K, V), num_blocks, block_size, Hkv, D] cache per layer."""
-    shape = (2, cfg.num_blocks, cfg.block_size, cfg.num_kv_heads, cfg.head_dim)
+    """One zeroed [2 (K, V), num_blocks, block_size, Hkv, D] cache per layer (this shard's KV heads)."""
+    shape = (2, cfg.num_blocks, cfg.block_size, cfg.local_kv_heads, cfg.head_dim)
     return [torch.zeros(shape, dtype=cfg.dtype, device=device)
             for _ in range(cfg.num_layers)]
 
@@ -277,6 +376,8 @@ def make_batch(cfg: LlamaConfig, num_tokens: int, kind: str = "prefill",
         # Drawn on the target device: large decode batches need ~10^8 values, too slow to draw on the CPU.
         ctx_gen = torch.Generator(device).manual_seed(seed + 1)
         ctx_kv = torch.randn(shape, generator=ctx_gen, device=device).to(cfg.dtype)
+        heads = slice(cfg.tp_rank * cfg.local_kv_heads, (cfg.tp_rank + 1) * cfg.local_kv_heads)
+        ctx_kv = ctx_kv[:, :, :, heads]   # drawn whole, so every tensor-parallel size sees the same context
         ctx_slots = ctx_slots.to(device)
         for cache, kv in zip(kv_caches, ctx_kv):
             cache.flatten(1, 2)[:, ctx_slots] = kv

@@ -1,6 +1,7 @@
 """Custom ops of vgc. Importing this package registers ``torch.ops.vgc.*``."""
 
 from .attention import attention, reference_attention
+from .collectives import all_reduce
 from .varlen_attention import reference_varlen_attention, varlen_attention
 
-__all__ = ["attention", "reference_attention", "reference_varlen_attention", "varlen_attention"]
+__all__ = ["all_reduce", "attention", "reference_attention", "reference_varlen_attention", "varlen_attention"]
