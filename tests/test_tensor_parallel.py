@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: dict | None = None,
               options: dict | None = None, device: str = "cpu", env: dict | None = None,
-              live: bool = False) -> list[dict]:
+              live: bool = False, collectives: bool = False) -> list[dict]:
     """Start `world_size` worker processes as one job and wait for all; returns each rank's report."""
     out = tmp_path / name
     out.mkdir()
@@ -41,6 +41,8 @@ def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: 
             command += ["--fail", fail[rank]]
         if live:
             command.append("--live")
+        if collectives:
+            command.append("--collectives")
         procs.append(subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     logs = [p.communicate(timeout=600)[0] for p in procs]
@@ -156,7 +158,27 @@ def test_the_collective_op_without_a_process_group_names_the_fix():
         vgc.ops.collectives.register_group()
 
 
-# ---- 2 GPUs (NCCL): collectives captured in CUDA graphs ----
+# ---- NCCL: collectives captured in CUDA graphs ----
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_rank_nccl_all_reduces_captured_in_cuda_graphs_equal_eager(tmp_path):
+    # one GPU: the all-reduces run over a one-rank NCCL group, so every graph mode captures real NCCL launches
+    root = tmp_path / "root"
+    for mode in ("piecewise", "full_and_piecewise"):
+        for name in ("cold", "warm"):
+            (report,) = run_ranks(tmp_path, f"{mode}-{name}", root, world_size=1, device="cuda", collectives=True,
+                                  options={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 16]})
+            assert report["error"] is None, report["error"]
+            assert report["cudagraphs"]["piecewise_graphs"] > 0 and report["counters"]["cudagraph_replays"] > 0
+            if mode == "full_and_piecewise":
+                assert report["cudagraphs"]["full_graphs"] > 0, report["cudagraphs"]
+            for batch, out in report["outputs"]["compiled"].items():
+                torch.testing.assert_close(out, report["outputs"]["eager"][batch], atol=1e-3, rtol=1e-3)
+            if name == "warm":
+                assert report["counters"]["inductor_compiles"] == 0, report["counters"]
+
+
+
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                               reason="needs 2 CUDA devices")
 

@@ -2,6 +2,7 @@
 save its outputs and report as JSON.
 
 usage: python tp_worker.py RANK WORLD_SIZE PORT OUT_DIR [--fail {trace,exit}] [--options JSON] [--device D] [--live]
+       [--collectives]
 
 Ranks meet over gloo (CPU) or NCCL (`--device cuda`, rank r on GPU r). `--fail trace` makes this rank's first call
 fail in the model's own code (a KV-cache list of the wrong length); `--fail exit` makes this rank die before its
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--options", default="{}")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--live", action="store_true", help="a forward hook, so the trace is live (never saved)")
+    parser.add_argument("--collectives", action="store_true", help="all-reduce over the world even with one rank")
     args = parser.parse_args()
     warnings = WarningRecorder()
     logging.getLogger("vgc").addHandler(warnings)
@@ -49,7 +51,7 @@ def main() -> None:
         torch.manual_seed(0)
         cfg = llama.tiny_config().sharded(args.rank, args.world_size)
         with torch.device(device):
-            model = llama.Llama(cfg).eval()
+            model = llama.Llama(cfg, tp_group=dist.group.WORLD if args.collectives else None).eval()
         kv = llama.make_kv_caches(cfg, device)
         if args.live:
             model.register_forward_pre_hook(lambda module, inputs: None)

@@ -6,6 +6,7 @@ drop-in torch.compile(backend="vgc") with PIECEWISE / FULL / FULL_AND_PIECEWISE.
 sizes and one prefill size.
 Each cell is the median of `--steps` steps timed with CUDA events after `--warmup` untimed steps. With `--passes`,
 some vgc rows get a "+ passes" twin (every built-in graph pass on), timed interleaved with the plain row.
+With `--tp 1,2`, the tensor-parallel decoder runs one process per GPU instead (`vgc.bench.decode_tp`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def print_pass_speedups(results: dict, columns: list[str], width: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     import vgc
     from vgc.models import llama
+
+    if argv and any(a == "--tp" or a.startswith("--tp=") for a in argv):   # one process per GPU: its own runner
+        from vgc.bench import decode_tp
+
+        return decode_tp.main(argv)
 
     parser = argparse.ArgumentParser(prog="vgc bench decode")
     parser.add_argument("--batches", default="1,8,64,256", help="decode batch sizes")
