@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: dict | None = None,
               options: dict | None = None, device: str = "cpu", env: dict | None = None,
-              live: bool = False, collectives: bool = False) -> list[dict]:
+              live: bool = False, collectives: bool = False, dropin: bool = False) -> list[dict]:
     """Start `world_size` worker processes as one job and wait for all; returns each rank's report."""
     out = tmp_path / name
     out.mkdir()
@@ -43,6 +43,8 @@ def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: 
             command.append("--live")
         if collectives:
             command.append("--collectives")
+        if dropin:
+            command.append("--dropin")
         procs.append(subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     logs = [p.communicate(timeout=600)[0] for p in procs]
@@ -136,6 +138,23 @@ def test_a_live_traced_rank_checks_in_too(tmp_path, unsharded_outputs):
         assert report["error"] is None and report["trace_source"] == "traced-live", report
         torch.testing.assert_close(report["outputs"]["compiled"]["decode-8"], unsharded_outputs["decode-8"],
                                    **TP_TOL)
+
+
+def test_dropin_compiles_the_sharded_decoder_too(tmp_path, unsharded_outputs):
+    for report in run_ranks(tmp_path, "dropin", tmp_path / "dropin-root", dropin=True):
+        assert report["error"] is None, report["error"]
+        assert report["pieces"] >= 2 * llama.tiny_config().num_layers + 1, report   # split at attention only
+        for name, expected in unsharded_outputs.items():
+            torch.testing.assert_close(report["outputs"]["compiled"][name], expected, **TP_TOL, msg=name)
+
+
+def test_ranks_start_without_checking_in_when_torch_has_no_store_accessor(monkeypatch):
+    import torch.distributed as dist
+
+    from vgc import _compat
+
+    monkeypatch.delattr(dist.distributed_c10d, "_get_default_store", raising=False)
+    assert _compat.default_store() is None
 
 
 def test_a_rank_that_dies_before_its_start_is_named_after_the_timeout(tp_runs, tmp_path):

@@ -2,7 +2,7 @@
 save its outputs and report as JSON.
 
 usage: python tp_worker.py RANK WORLD_SIZE PORT OUT_DIR [--fail {trace,exit}] [--options JSON] [--device D] [--live]
-       [--collectives]
+       [--collectives] [--dropin]
 
 Ranks meet over gloo (CPU) or NCCL (`--device cuda`, rank r on GPU r). `--fail trace` makes this rank's first call
 fail in the model's own code (a KV-cache list of the wrong length); `--fail exit` makes this rank die before its
@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--live", action="store_true", help="a forward hook, so the trace is live (never saved)")
     parser.add_argument("--collectives", action="store_true", help="all-reduce over the world even with one rank")
+    parser.add_argument("--dropin", action="store_true", help="torch.compile(backend='vgc') instead of vgc.compile")
     args = parser.parse_args()
     warnings = WarningRecorder()
     logging.getLogger("vgc").addHandler(warnings)
@@ -64,8 +65,14 @@ def main() -> None:
         if args.fail == "trace":
             make = lambda n: {**llama.make_batch(cfg, n, "prefill", device=device), "kv_caches": kv[:1]}  # noqa
         before = vgc.counters.as_dict()
-        stats = compiled.warmup(make, make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device=device,
-                                                                                    kv_caches=kv))
+        if args.dropin:   # Dynamo's guards stay; each new shape may trace and compile again, on every rank alike
+            backend = vgc.VgcBackend(vgc.CompilationConfig.from_options(options))
+            compiled = torch.compile(model, backend=backend)
+            compiled.trace_source = "dropin"
+            compiled.stats = backend.stats
+        else:
+            compiled.warmup(make, make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device=device,
+                                                                                kv_caches=kv))
         outputs, eager = {}, {}
         with torch.no_grad():
             for kind, n in BATCHES:
@@ -73,10 +80,11 @@ def main() -> None:
                 outputs[name] = compiled(**llama.make_batch(cfg, n, kind, device=device, kv_caches=kv)).clone().cpu()
                 eager[name] = model(**llama.make_batch(cfg, n, kind, device=device, kv_caches=kv)).cpu()
         after = vgc.counters.as_dict()
+        stats = compiled.stats()
         torch.save({"compiled": outputs, "eager": eager}, os.path.join(args.out_dir, f"rank{args.rank}.pt"))
         report.update(counters={k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)},
                       cache_dirs=stats["cache_dirs"], pieces=stats["pieces"], trace_source=compiled.trace_source,
-                      cudagraphs=stats["cudagraphs"], error=None)
+                      cudagraphs=stats.get("cudagraphs"), error=None)
     except Exception as e:
         report.update(error="".join(traceback.format_exception(e))[-4000:], error_type=type(e).__name__)
     report["warnings"] = warnings.messages
