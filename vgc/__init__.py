@@ -17,5 +17,6 @@ _log.install_fallback_handler()
 
 __all__ = [
     "CompilationConfig", "CUDAGraphMode", "DynamicShapesConfig", "DynamicShapesType", "VgcBackend",
-    "CompileAfterWarmupError", "CompiledModel", "InputMismatchError", "RankFailedError", "compile", "counters", "__version__",
+    "CompileAfterWarmupError", "CompiledModel", "InputMismatchError", "RankFailedError", "compile", "counters",
+    "__version__",
 ]

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from vgc.bench.decode import _timed_calls
+
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
@@ -36,19 +38,13 @@ def _median_ms(fn, batch: dict, device: torch.device, warmup: int, steps: int) -
     with torch.no_grad():
         for _ in range(warmup):
             fn(**batch)
+        if device.type == "cuda":
+            return statistics.median(_timed_calls(fn, batch, steps))
         times = []
         for _ in range(steps):
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(**batch)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t = time.perf_counter()
-                fn(**batch)
-                times.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            fn(**batch)
+            times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
 
@@ -57,8 +53,8 @@ def _rows(options: dict, device: torch.device) -> list[str]:
     return rows + [f"vgc {mode.upper()}" for mode in options["modes"]]
 
 
-def _rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> None:
-    import vgc
+def _start_rank(rank: int, tp: int, port: int, options: dict):
+    """Join the job and build this rank's shard: (device, shard config, model, KV caches, seconds to build)."""
     from vgc.models import llama
 
     device = torch.device("cuda", rank) if options["device"] == "cuda" else torch.device("cpu")
@@ -75,19 +71,26 @@ def _rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> No
     start = time.perf_counter()
     with torch.device(device):
         model = llama.Llama(cfg, tp_group=torch.distributed.group.WORLD if tp > 1 else None).eval()
-    kv = llama.make_kv_caches(cfg, device)
-    build_s = time.perf_counter() - start
+    return device, cfg, model, llama.make_kv_caches(cfg, device), time.perf_counter() - start
 
-    def batch(kind: str, n: int) -> dict:
-        return llama.make_batch(cfg, n, kind, device=device, kv_caches=kv)
 
-    def vgc_model(mode: str):
-        compiled = vgc.compile(model, config=vgc.CompilationConfig(
-            cudagraph_mode=mode, cudagraph_capture_sizes=[s for s in CAPTURE_SIZES if s <= max(options["batches"])]),
-            pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
-        compiled.warmup(lambda n: batch("prefill", n), make_decode_inputs=lambda n: batch("decode", n))
-        return compiled
+def _vgc_model(model, cfg, kv, device, mode: str, options: dict):
+    import vgc
+    from vgc.models import llama
 
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(
+        cudagraph_mode=mode, cudagraph_capture_sizes=[s for s in CAPTURE_SIZES if s <= max(options["batches"])]),
+        pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device=device, kv_caches=kv),
+                    make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device=device, kv_caches=kv))
+    return compiled
+
+
+def _rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> None:
+    import vgc
+    from vgc.models import llama
+
+    device, cfg, model, kv, build_s = _start_rank(rank, tp, port, options)
     results = {"tp": tp, "build_s": build_s, "rows": {}}
     for row in _rows(options, device):
         start = time.perf_counter()
@@ -97,10 +100,10 @@ def _rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> No
         elif row.startswith("inductor"):
             fn = torch.compile(model, mode="reduce-overhead" if "reduce" in row else None)
         else:
-            fn = vgc_model(row.split()[1].lower())
+            fn = _vgc_model(model, cfg, kv, device, row.split()[1].lower(), options)
         cells, first = {}, None
         for n in options["batches"]:
-            step = batch("decode", n)
+            step = llama.make_batch(cfg, n, "decode", device=device, kv_caches=kv)
             with torch.no_grad():
                 out = fn(**step)   # untimed: torch.compile rows compile this shape here
             if first is None:
@@ -122,31 +125,13 @@ def _rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> No
 def _warm_rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> None:
     """A fresh start of every vgc row on the cache the timed run filled: how many Inductor calls each rank makes."""
     import vgc
-    from vgc.models import llama
 
-    device = torch.device("cuda", rank) if options["device"] == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                         init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp,
-                                         timeout=timedelta(seconds=options["timeout_s"]))
-    base = {"llama_8b": llama.llama_8b_config, "llama_1b": llama.llama_1b_config,
-            "tiny": llama.tiny_config}[options["model"]]()
-    cfg = base.sharded(rank, tp)
-    if device.type == "cpu":
-        cfg.dtype = torch.float32
-    with torch.device(device):
-        model = llama.Llama(cfg, tp_group=torch.distributed.group.WORLD if tp > 1 else None).eval()
-    kv = llama.make_kv_caches(cfg, device)
+    device, cfg, model, kv, _ = _start_rank(rank, tp, port, options)
     report = {}
     for mode in options["modes"]:
         start = time.perf_counter()
         before = vgc.counters.as_dict()
-        compiled = vgc.compile(model, config=vgc.CompilationConfig(
-            cudagraph_mode=mode, cudagraph_capture_sizes=[s for s in CAPTURE_SIZES if s <= max(options["batches"])]),
-            pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
-        compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device=device, kv_caches=kv),
-                        make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device=device, kv_caches=kv))
+        _vgc_model(model, cfg, kv, device, mode, options)
         after = vgc.counters.as_dict()
         report[f"vgc {mode.upper()}"] = {"inductor_compiles": after["inductor_compiles"] - before["inductor_compiles"],
                                          "dynamo_traces": after["dynamo_traces"] - before["dynamo_traces"],

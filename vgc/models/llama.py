@@ -242,7 +242,9 @@ class Llama(nn.Module):
         # One generator per tensor, seeded from cfg.seed, so that tensors can
         # be drawn in parallel threads (CPU randn is single-threaded: ~10 s
         # at 1B otherwise) and still come out the same every time.
-        seeds = torch.randint(2**62, (len(plan),),
+        # device="cpu" everywhere: a `with torch.device("cuda")` around the
+        # constructor must not move the draws off the CPU generators.
+        seeds = torch.randint(2**62, (len(plan),), device="cpu",
                               generator=torch.Generator().manual_seed(
                                   self.cfg.seed)).tolist()
 
@@ -250,10 +252,10 @@ class Llama(nn.Module):
         def fill(param, std, shard, seed):
             gen = torch.Generator().manual_seed(seed)
             if shard is None:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
+                param.copy_(torch.randn(param.shape, generator=gen, device="cpu") * std)
                 return
             full_shape, take = shard
-            param.copy_(take(torch.randn(full_shape, generator=gen)) * std)
+            param.copy_(take(torch.randn(full_shape, generator=gen, device="cpu")) * std)
 
         with concurrent.futures.ThreadPoolExecutor() as pool:
             for job in [pool.submit(fill, *p, seed)
