@@ -15,10 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import vgc  # noqa: E402
-from vgc.cudagraph import runtime as cuda_runtime  # noqa: E402
-from vgc.cudagraph.padding import output_tensors  # noqa: E402
-from vgc.cudagraph.runtime import bypass_piece_graphs  # noqa: E402
 from vgc.models import llama  # noqa: E402
+from simulated_graphs import install_simulated_capture  # noqa: E402  (tests/ is on sys.path)
 
 # fp32 on CPU: Inductor reorders reductions and fuses ops, so results differ from eager by rounding only.
 FP32_TOL = dict(atol=2e-5, rtol=2e-5)
@@ -95,52 +93,9 @@ class MLP(torch.nn.Module):
         return self.down(torch.nn.functional.gelu(self.up(x))) + x
 
 
-# The CUDA-graph runtime on the CPU: a stand-in for graph capture. It keeps what matters about a real graph: a
-# replay reads the tensors the graph was captured with, in place, and writes into the same output tensors. A
-# runtime that forgets to copy an input in, reads a buffer that moved, or hands out memory the next replay
-# overwrites fails as it would on a GPU. tests/test_gpu.py runs the real thing.
-class RecordedGraph:
-    """Capture ran `fn` once (a real capture records, then its first replay runs); later replays run it again
-    on the captured inputs, as it ran while captured (piece graphs bypassed, the stream capturing), and write
-    the results into the captured outputs."""
-
-    def __init__(self, fn, outputs, capturing: list):
-        self.fn, self.outputs, self.first, self.capturing = fn, outputs, True, capturing
-
-    def replay(self):
-        if self.first:
-            self.first = False
-            return
-        self.capturing[0] = True
-        try:
-            with bypass_piece_graphs():
-                outputs = self.fn()
-        finally:
-            self.capturing[0] = False
-        for old, new in zip(output_tensors(self.outputs), output_tensors(outputs)):
-            old.copy_(new)
-
-
 @pytest.fixture
 def simulated_capture(monkeypatch):
-    """Graph capture and replay through `RecordedGraph`, on whatever device the tensors are. While `fn` is being
-    captured, `runtime.stream_capturing()` says so, as it would on a GPU."""
-    capturing = [False]
-
-    def capture(fn, pool):
-        capturing[0] = True
-        try:
-            outputs = fn()
-        finally:
-            capturing[0] = False
-        return RecordedGraph(fn, outputs, capturing), outputs
-
-    monkeypatch.setattr(cuda_runtime, "stream_capturing", lambda: capturing[0])
-    monkeypatch.setattr(cuda_runtime, "capture", capture)
-    monkeypatch.setattr(cuda_runtime, "synchronize", lambda device: None)
-    monkeypatch.setattr(cuda_runtime, "reserved_bytes", lambda device: 0)
-    monkeypatch.setattr(cuda_runtime, "new_pool", lambda: None)
-    monkeypatch.setattr(cuda_runtime, "graphs_supported", lambda device: True)
+    install_simulated_capture(monkeypatch.setattr)
 
 
 @pytest.fixture

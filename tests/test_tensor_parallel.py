@@ -27,7 +27,8 @@ def _free_port() -> int:
 
 def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: dict | None = None,
               options: dict | None = None, device: str = "cpu", env: dict | None = None,
-              live: bool = False, collectives: bool = False, dropin: bool = False) -> list[dict]:
+              live: bool = False, collectives: bool = False, dropin: bool = False,
+              simulated_graphs: bool = False) -> list[dict]:
     """Start `world_size` worker processes as one job and wait for all; returns each rank's report."""
     out = tmp_path / name
     out.mkdir()
@@ -45,6 +46,8 @@ def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: 
             command.append("--collectives")
         if dropin:
             command.append("--dropin")
+        if simulated_graphs:
+            command.append("--simulated-graphs")
         procs.append(subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     logs = [p.communicate(timeout=600)[0] for p in procs]
@@ -138,6 +141,21 @@ def test_a_live_traced_rank_checks_in_too(tmp_path, unsharded_outputs):
         assert report["error"] is None and report["trace_source"] == "traced-live", report
         torch.testing.assert_close(report["outputs"]["compiled"]["decode-8"], unsharded_outputs["decode-8"],
                                    **TP_TOL)
+
+
+def test_cuda_graph_modes_pad_and_replay_the_sharded_decoder(tmp_path, unsharded_outputs):
+    # conftest's stand-in for graph capture: both ranks pad each batch to the same capture size and replay FULL
+    # (decode) and piece (prefill) graphs whose recorded calls include the all-reduces
+    reports = run_ranks(tmp_path, "graphs", tmp_path / "unused-root", simulated_graphs=True,
+                        options={"cudagraph_mode": "full_and_piecewise", "cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
+                        env={"VGC_DISABLE_COMPILE_CACHE": "1"})
+    for report in reports:
+        assert report["error"] is None, report["error"]
+        graphs = report["cudagraphs"]
+        assert graphs["full_graphs"] == 5 and graphs["piecewise_graphs"] == 3 * 5, graphs
+        assert report["counters"]["cudagraph_replays"] > 0, report["counters"]
+        for name, expected in unsharded_outputs.items():   # decode-3 pads to 4; prefill-40 is above every size
+            torch.testing.assert_close(report["outputs"]["compiled"][name], expected, **TP_TOL, msg=name)
 
 
 def test_dropin_compiles_the_sharded_decoder_too(tmp_path, unsharded_outputs):

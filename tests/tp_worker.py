@@ -2,7 +2,7 @@
 save its outputs and report as JSON.
 
 usage: python tp_worker.py RANK WORLD_SIZE PORT OUT_DIR [--fail {trace,exit}] [--options JSON] [--device D] [--live]
-       [--collectives] [--dropin]
+       [--collectives] [--dropin] [--simulated-graphs]
 
 Ranks meet over gloo (CPU) or NCCL (`--device cuda`, rank r on GPU r). `--fail trace` makes this rank's first call
 fail in the model's own code (a KV-cache list of the wrong length); `--fail exit` makes this rank die before its
@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--live", action="store_true", help="a forward hook, so the trace is live (never saved)")
     parser.add_argument("--collectives", action="store_true", help="all-reduce over the world even with one rank")
     parser.add_argument("--dropin", action="store_true", help="torch.compile(backend='vgc') instead of vgc.compile")
+    parser.add_argument("--simulated-graphs", action="store_true",
+                        help="CPU tensors taken for CUDA ones, graph capture by a stand-in")
     args = parser.parse_args()
     warnings = WarningRecorder()
     logging.getLogger("vgc").addHandler(warnings)
@@ -48,6 +50,11 @@ def main() -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{args.port}",
                             rank=args.rank, world_size=args.world_size, timeout=timedelta(seconds=120))
     report = {"rank": args.rank}
+    if args.simulated_graphs:
+        from simulated_graphs import install_simulated_capture
+
+        install_simulated_capture()
+        vgc._compat.device_from_inputs = lambda example_inputs: torch.device("cuda")
     try:
         torch.manual_seed(0)
         cfg = llama.tiny_config().sharded(args.rank, args.world_size)

@@ -1,0 +1,54 @@
+"""A stand-in for CUDA graph capture on the CPU, for tests and their worker processes (no environment changes
+on import, unlike conftest)."""
+
+from vgc.cudagraph import runtime as cuda_runtime
+from vgc.cudagraph.padding import output_tensors
+from vgc.cudagraph.runtime import bypass_piece_graphs
+
+
+# The CUDA-graph runtime on the CPU: a stand-in for graph capture. It keeps what matters about a real graph: a
+# replay reads the tensors the graph was captured with, in place, and writes into the same output tensors. A
+# runtime that forgets to copy an input in, reads a buffer that moved, or hands out memory the next replay
+# overwrites fails as it would on a GPU. tests/test_gpu.py runs the real thing.
+class RecordedGraph:
+    """Capture ran `fn` once (a real capture records, then its first replay runs); later replays run it again
+    on the captured inputs, as it ran while captured (piece graphs bypassed, the stream capturing), and write
+    the results into the captured outputs."""
+
+    def __init__(self, fn, outputs, capturing: list):
+        self.fn, self.outputs, self.first, self.capturing = fn, outputs, True, capturing
+
+    def replay(self):
+        if self.first:
+            self.first = False
+            return
+        self.capturing[0] = True
+        try:
+            with bypass_piece_graphs():
+                outputs = self.fn()
+        finally:
+            self.capturing[0] = False
+        for old, new in zip(output_tensors(self.outputs), output_tensors(outputs)):
+            old.copy_(new)
+
+
+def install_simulated_capture(setattr=setattr) -> None:
+    """Graph capture and replay through `RecordedGraph`, on whatever device the tensors are. While `fn` is being
+    captured, `runtime.stream_capturing()` says so, as it would on a GPU. `setattr`: monkeypatch's, in a test;
+    the builtin in a worker process, which keeps it to its end."""
+    capturing = [False]
+
+    def capture(fn, pool):
+        capturing[0] = True
+        try:
+            outputs = fn()
+        finally:
+            capturing[0] = False
+        return RecordedGraph(fn, outputs, capturing), outputs
+
+    setattr(cuda_runtime, "stream_capturing", lambda: capturing[0])
+    setattr(cuda_runtime, "capture", capture)
+    setattr(cuda_runtime, "synchronize", lambda device: None)
+    setattr(cuda_runtime, "reserved_bytes", lambda device: 0)
+    setattr(cuda_runtime, "new_pool", lambda: None)
+    setattr(cuda_runtime, "graphs_supported", lambda device: True)
