@@ -195,6 +195,26 @@ def test_the_collective_op_without_a_process_group_names_the_fix():
         vgc.ops.collectives.register_group()
 
 
+def test_the_tensor_parallel_benchmark_runs_every_row_and_restarts_warm(tmp_path):
+    # the CPU smoke run of `vgc bench decode --tp`: every row at TP=1 and TP=2 in one run, equal outputs, and a warm
+    # restart of both ranks that neither traces nor compiles
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "vgc", "bench", "decode", "--tp", "1,2", "--model", "tiny",
+                           "--device", "cpu", "--batches", "1,3", "--steps", "2", "--warmup", "1", "--warm-restart",
+                           "--json", str(out)], env={**os.environ, "VGC_CACHE_ROOT": str(tmp_path / "root")},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for tp in ("1", "2"):
+        rows = report["results"][tp]["rows"]
+        assert list(rows) == ["eager", "inductor default", "vgc NONE"], rows
+        assert all("error" not in r and set(r["ms"]) == {"decode 1", "decode 3"} for r in rows.values()), rows
+        for rank in report["warm_restart"][tp]:
+            assert rank["vgc NONE"]["inductor_compiles"] == 0 and rank["vgc NONE"]["dynamo_traces"] == 0, rank
+    assert all(r["max_diff"] < 1e-4 for r in report["results"]["2"]["rows"].values()), report["results"]["2"]
+    assert "speed-up of TP=2 over TP=1" in done.stdout
+
+
 # ---- NCCL: collectives captured in CUDA graphs ----
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

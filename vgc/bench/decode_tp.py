@@ -86,6 +86,27 @@ def _vgc_model(model, cfg, kv, device, mode: str, options: dict):
     return compiled
 
 
+def _time_row(row: str, model, cfg, kv, device, options: dict) -> tuple[dict, torch.Tensor]:
+    """Build one row's callable and time it at every batch: ({column: median ms}, its first batch's output)."""
+    from vgc.models import llama
+
+    if row == "eager":
+        fn = model
+    elif row.startswith("inductor"):
+        fn = torch.compile(model, mode="reduce-overhead" if "reduce" in row else None)
+    else:
+        fn = _vgc_model(model, cfg, kv, device, row.split()[1].lower(), options)
+    cells, first = {}, None
+    for n in options["batches"]:
+        step = llama.make_batch(cfg, n, "decode", device=device, kv_caches=kv)
+        with torch.no_grad():
+            out = fn(**step)   # untimed: torch.compile rows compile this shape here
+        if first is None:
+            first = out.float().cpu().clone()
+        cells[f"decode {n}"] = _median_ms(fn, step, device, options["warmup"], options["steps"])
+    return cells, first
+
+
 def _rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> None:
     import vgc
     from vgc.models import llama
@@ -95,27 +116,20 @@ def _rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> No
     for row in _rows(options, device):
         start = time.perf_counter()
         before = vgc.counters.as_dict()
-        if row == "eager":
-            fn = model
-        elif row.startswith("inductor"):
-            fn = torch.compile(model, mode="reduce-overhead" if "reduce" in row else None)
-        else:
-            fn = _vgc_model(model, cfg, kv, device, row.split()[1].lower(), options)
-        cells, first = {}, None
-        for n in options["batches"]:
-            step = llama.make_batch(cfg, n, "decode", device=device, kv_caches=kv)
-            with torch.no_grad():
-                out = fn(**step)   # untimed: torch.compile rows compile this shape here
-            if first is None:
-                first = out.float().cpu().clone()
-            cells[f"decode {n}"] = _median_ms(fn, step, device, options["warmup"], options["steps"])
+        try:
+            cells, first = _time_row(row, model, cfg, kv, device, options)
+        except Exception as e:   # every rank runs the same code, so every rank fails here alike and goes on
+            results["rows"][row] = {"error": f"{type(e).__name__}: {e}"[:1000]}
+            if rank == 0:
+                print(f"  TP={tp} {row}: failed ({results['rows'][row]['error'][:300]})", flush=True)
+            torch.compiler.reset()
+            continue
         after = vgc.counters.as_dict()
         results["rows"][row] = {"ms": cells, "setup_s": time.perf_counter() - start,
                                 "inductor_compiles": after["inductor_compiles"] - before["inductor_compiles"]}
         if rank == 0:
             torch.save(first, os.path.join(out_dir, f"tp{tp}-{row.replace(' ', '_')}.pt"))
             print(f"  TP={tp} {row}: " + ", ".join(f"{c} {v:.3f} ms" for c, v in cells.items()), flush=True)
-        del fn
         torch.compiler.reset()
     if rank == 0:
         Path(out_dir, f"tp{tp}.json").write_text(json.dumps(results))
@@ -177,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.multiprocessing.spawn(_warm_rank_main, args=(tp, _free_port(), options, out_dir), nprocs=tp,
                                         join=True)
             warm[tp] = [json.loads(Path(out_dir, f"warm-tp{tp}-rank{r}.json").read_text()) for r in range(tp)]
-    _print(results, warm, options, sizes, out_dir)
+    _add_differences(results, sizes, out_dir)
+    _print(results, warm, options, sizes)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "model": args.model, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
@@ -187,27 +202,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print(results: dict, warm: dict, options: dict, sizes: list[int], out_dir: str) -> None:
+def _add_differences(results: dict, sizes: list[int], out_dir: str) -> None:
+    """Each row's `max_diff`: the largest difference of its first batch's output (rank 0) from the same row's at the
+    smallest tensor-parallel size."""
+    base = sizes[0]
+    for tp in sizes[1:]:
+        for row, result in results[tp]["rows"].items():
+            name = row.replace(" ", "_")
+            mine, theirs = Path(out_dir, f"tp{tp}-{name}.pt"), Path(out_dir, f"tp{base}-{name}.pt")
+            if mine.exists() and theirs.exists():
+                result["max_diff"] = (torch.load(mine) - torch.load(theirs)).abs().max().item()
+
+
+def _print(results: dict, warm: dict, options: dict, sizes: list[int]) -> None:
     columns = [f"decode {n}" for n in options["batches"]]
     rows = list(results[sizes[0]]["rows"])
     width = 28
     print(f"\nvgc bench decode --tp: {options['model']} on {options['device']}, torch {torch.__version__}; "
           f"median of {options['steps']} steps (ms, rank 0)")
     print(f"{'strategy':{width}s}" + "".join(f"{f'TP={tp} ' + c:>18s}" for tp in sizes for c in columns))
+
+    def cell(tp: int, row: str, column: str) -> float | None:
+        return results[tp]["rows"][row].get("ms", {}).get(column)
+
     for row in rows:
-        print(f"{row:{width}s}" + "".join(f"{results[tp]['rows'][row]['ms'][c]:18.3f}" for tp in sizes
-                                          for c in columns))
+        print(f"{row:{width}s}" + "".join(f"{cell(tp, row, c):18.3f}" if cell(tp, row, c) is not None
+                                          else f"{'failed':>18s}" for tp in sizes for c in columns))
     base = sizes[0]
     for tp in sizes[1:]:
         print(f"\nspeed-up of TP={tp} over TP={base}, and largest difference of its decode {options['batches'][0]} "
               f"output from TP={base}'s:")
         for row in rows:
-            speed = "".join(f"{results[base]['rows'][row]['ms'][c] / results[tp]['rows'][row]['ms'][c]:13.2f}x"
-                            for c in columns)
-            name = row.replace(" ", "_")
-            diff = (torch.load(Path(out_dir, f"tp{tp}-{name}.pt")) -
-                    torch.load(Path(out_dir, f"tp{base}-{name}.pt"))).abs().max().item()
-            print(f"{row:{width}s}{speed}   max diff {diff:.4f}")
+            if any(cell(size, row, c) is None for size in (base, tp) for c in columns):
+                error = results[tp]["rows"][row].get("error") or results[base]["rows"][row].get("error")
+                print(f"{row:{width}s}   failed: {error}")
+                continue
+            speed = "".join(f"{cell(base, row, c) / cell(tp, row, c):13.2f}x" for c in columns)
+            print(f"{row:{width}s}{speed}   max diff {results[tp]['rows'][row]['max_diff']:.4f}")
     for tp, ranks in warm.items():
         print(f"\nwarm restart at TP={tp} (Inductor calls / Dynamo traces / warmup s per rank):")
         for row in ranks[0]:
