@@ -28,13 +28,16 @@ def bypass_piece_graphs():
         _local.bypass = was
 
 
-_CUDA_BUILT = torch.backends.cuda.is_built()
+# A CUDA build of torch on a machine without a usable GPU raises from torch's capture query too ("CUDA driver
+# version is insufficient"), so both are checked, once.
+_CUDA_USABLE = torch.backends.cuda.is_built() and torch.cuda.is_available()
 
 
 def stream_capturing() -> bool:
-    """The current CUDA stream is being captured into a graph (False on a torch built without CUDA, where torch's
-    own query raises). Tests on the CPU substitute it while their stand-in for `capture` runs."""
-    return _CUDA_BUILT and torch.cuda.is_current_stream_capturing()
+    """The current CUDA stream is being captured into a graph (False where no GPU can be used: a torch built
+    without CUDA, or no driver, where torch's own query raises). Tests on the CPU substitute it while their
+    stand-in for `capture` runs."""
+    return _CUDA_USABLE and torch.cuda.is_current_stream_capturing()
 
 
 class GraphPool:
