@@ -197,3 +197,14 @@ def test_verify_failing_itself_is_status_2(copy, capsys, monkeypatch):
     monkeypatch.setattr(recovery, "kernel_cache_problems", boom)
     code, out = verify(capsys, copy)
     assert code == 2 and "cannot check" in out and "RuntimeError: simulated failure" in out, out
+
+
+@pytest.mark.parametrize("name", ["x86_isa_help.so.load_ok", "kernel.lock", "__init__.py"])
+def test_files_inductor_leaves_empty_on_purpose_are_not_damage(tmp_path, name):
+    # torch 2.14 marks an ISA probe that loaded with an empty '<library>.so.load_ok' beside it
+    kernels = tmp_path / recovery.INDUCTOR_SUBDIR / "ab"
+    kernels.mkdir(parents=True)
+    (kernels / name).write_bytes(b"")
+    (kernels / "cut.so").write_bytes(b"")
+    assert [(p.name, why) for p, why in recovery.kernel_cache_problems(tmp_path)] == \
+        [("cut.so", "empty file (a write that was interrupted)")]

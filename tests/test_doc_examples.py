@@ -41,7 +41,14 @@ def test_normalise_masks_what_differs_between_runs():
     assert doc_examples.normalise(a) != doc_examples.normalise(a.replace("example.py:16", "example.py:17"))
 
 
+# The page records what its examples print under CI's torch, torch's own messages included; another torch (a CUDA
+# wheel warns that it finds no CUDA runtime, a newer one words a shape error differently) prints other text.
+RECORDED_WITH = "2.13."
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not __import__("torch").__version__.startswith(RECORDED_WITH),
+                    reason=f"docs/dynamic-shapes.md records outputs of torch {RECORDED_WITH}x, CI's torch")
 def test_doc_outputs_are_current():
     # 80-95 s on a 2-core CPU with a fresh Inductor cache, ~60 s with a warm one: seven fresh interpreters
     # (4 s to import torch each), each compiling with Inductor. The session's cache is already probed.

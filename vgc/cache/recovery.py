@@ -22,7 +22,7 @@ logger = logging.getLogger("vgc")
 INDUCTOR_SUBDIR = "inductor_cache"
 _ELF_MAGIC = b"\x7fELF"
 # Zero-length files Inductor writes on purpose (markers, empty package files).
-_EMPTY_OK_SUFFIXES = (".lock", "__init__.py", ".marker", ".done")
+_EMPTY_OK_SUFFIXES = (".lock", "__init__.py", ".marker", ".done", ".load_ok")   # .load_ok: torch 2.14+ ISA probe
 # Inductor's kernel files: a directory with such a name is damage (nothing of Inductor's is named so).
 _FILE_SUFFIXES = (".py", ".so", ".cpp", ".h", ".json", ".o", ".cubin", ".ptx", ".lock")
 
