@@ -183,6 +183,13 @@ def test_a_rank_that_dies_before_its_start_is_named_after_the_timeout(tp_runs, t
     assert "rank(s) [1] did not finish starting" in healthy["error"], healthy["error"]
 
 
+def test_a_rank_built_with_another_ranks_shard_is_refused_and_named_by_the_others(tp_runs, tmp_path):
+    root, _, _ = tp_runs
+    healthy, wrong = run_ranks(tmp_path, "wrong-rank", root, fail={1: "wrong-rank"}, env={"VGC_RANK_TIMEOUT_S": "5"})
+    assert "cfg.tp_rank=0 but this process is rank 1" in wrong["error"], wrong
+    assert healthy["error_type"] == "RankFailedError" and "rank(s) [1]" in healthy["error"], healthy
+
+
 def test_a_tensor_parallel_config_must_divide_the_heads():
     with pytest.raises(ValueError, match="num_kv_heads=2 is not divisible by tp_size=4"):
         llama.tiny_config().sharded(0, 4)

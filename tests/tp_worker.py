@@ -1,12 +1,12 @@
 """One rank of a tensor-parallel tiny decoder: compile (or load) its shard with vgc.compile, run a few batches,
 save its outputs and report as JSON.
 
-usage: python tp_worker.py RANK WORLD_SIZE PORT OUT_DIR [--fail {trace,exit}] [--options JSON] [--device D] [--live]
+usage: python tp_worker.py RANK WORLD_SIZE PORT OUT_DIR [--fail {trace,exit,wrong-rank}] [--options JSON] [--device D] [--live]
        [--collectives] [--dropin] [--simulated-graphs]
 
 Ranks meet over gloo (CPU) or NCCL (`--device cuda`, rank r on GPU r). `--fail trace` makes this rank's first call
 fail in the model's own code (a KV-cache list of the wrong length); `--fail exit` makes this rank die before its
-first call. The cache root comes from the environment (VGC_CACHE_ROOT).
+first call; `--fail wrong-rank` builds another rank's shard (refused before vgc.compile). The cache root comes from the environment (VGC_CACHE_ROOT).
 """
 
 import argparse
@@ -33,7 +33,7 @@ def main() -> None:
     for name in ("rank", "world_size", "port"):
         parser.add_argument(name, type=int)
     parser.add_argument("out_dir")
-    parser.add_argument("--fail", choices=["trace", "exit"])
+    parser.add_argument("--fail", choices=["trace", "exit", "wrong-rank"])
     parser.add_argument("--options", default="{}")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--live", action="store_true", help="a forward hook, so the trace is live (never saved)")
@@ -58,6 +58,8 @@ def main() -> None:
     try:
         torch.manual_seed(0)
         cfg = llama.tiny_config().sharded(args.rank, args.world_size)
+        if args.fail == "wrong-rank":   # another rank's shard: refused before any weight is drawn
+            cfg = llama.tiny_config().sharded((args.rank + 1) % args.world_size, args.world_size)
         with torch.device(device):
             model = llama.Llama(cfg, tp_group=dist.group.WORLD if args.collectives else None).eval()
         kv = llama.make_kv_caches(cfg, device)

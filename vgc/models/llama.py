@@ -209,6 +209,10 @@ class Llama(nn.Module):
             if size != cfg.tp_size:
                 raise ValueError(f"cfg.tp_size={cfg.tp_size} but the tensor-parallel group has {size} ranks; "
                                  "pass tp_group= a group of tp_size ranks, or cfg.sharded(rank, group size)")
+            rank = torch.distributed.get_rank(tp_group)
+            if rank != cfg.tp_rank:   # else this rank would hold another rank's slices: a wrong answer
+                raise ValueError(f"cfg.tp_rank={cfg.tp_rank} but this process is rank {rank} of the "
+                                 f"tensor-parallel group; build it from cfg.sharded({rank}, {size})")
         self.embed_tokens = _uninitialized(nn.Embedding, cfg.vocab_size,
                                            cfg.hidden_size, dtype=cfg.dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, group_name)
