@@ -233,7 +233,7 @@ def test_vgc_compile_piece_graphs_read_the_fused_weights(fresh_counters, no_cach
     compiled.warmup(lambda n: (torch.randn(n, 32, device="cuda"),))
     assert model.q.weight.untyped_storage().data_ptr() == model.v.weight.untyped_storage().data_ptr()
     with fresh_counters.expect(cudagraph_captures=0, inductor_compiles=0) as d, torch.no_grad():
-        for n in (1, 3, 8, 11):   # 3 pads to 4; 11 is above every capture size
+        for n in (1, 3, 8, 11):   # 1 and 8 replay graphs; 3 and 11 run the pieces (no pad_values: no padding)
             x = torch.randn(n, 32, device="cuda")
             torch.testing.assert_close(compiled(x), reference(x), **FP32_TOL)
     assert d["cudagraph_replays"] > 0
