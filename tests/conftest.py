@@ -93,6 +93,23 @@ class MLP(torch.nn.Module):
         return self.down(torch.nn.functional.gelu(self.up(x))) + x
 
 
+class SiblingBlock(torch.nn.Module):
+    """A user's model whose attention projections (with biases) and MLP read one input each."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+        self.gate, self.up = (torch.nn.Linear(16, 32, bias=False) for _ in range(2))
+        self.down = torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        n = x.shape[0]
+        q, k, v = (proj(x).view(1, n, 2, 8).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        h = x + torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, 16)
+        return h + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
 @pytest.fixture
 def simulated_capture(monkeypatch):
     install_simulated_capture(monkeypatch.setattr)

@@ -206,34 +206,18 @@ def test_dropin_full_on_an_unmodified_hugging_face_llama(fuse, fresh_counters, n
             attention.v_proj.weight.untyped_storage().data_ptr()) == fuse
 
 
-class SiblingAttention(torch.nn.Module):
-    """A user's block whose q/k/v (with biases) and gate/up linears the sibling fusion turns into two matmuls."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.q, self.k, self.v = (torch.nn.Linear(32, 32) for _ in range(3))
-        self.gate, self.up = (torch.nn.Linear(32, 64, bias=False) for _ in range(2))
-        self.down = torch.nn.Linear(64, 32, bias=False)
-
-    def forward(self, x):
-        n = x.shape[0]
-        q, k, v = (proj(x).view(1, n, 4, 8).transpose(1, 2) for proj in (self.q, self.k, self.v))
-        h = x + torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2) \
-            .reshape(n, 32)
-        return h + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
-
-
 def test_vgc_compile_piece_graphs_read_the_fused_weights(fresh_counters, no_cache):
-    model = SiblingAttention().cuda().eval()
-    reference = SiblingAttention().cuda().eval()   # same seed, never fused
+    from conftest import SiblingBlock
+
+    model = SiblingBlock().cuda().eval()
+    reference = SiblingBlock().cuda().eval()   # same seed, never fused
     compiled = vgc.compile(model, config=vgc.CompilationConfig(
         cudagraph_mode="piecewise", splitting_ops=["aten::scaled_dot_product_attention"],
         cudagraph_capture_sizes=[1, 2, 4, 8]))
-    compiled.warmup(lambda n: (torch.randn(n, 32, device="cuda"),))
+    compiled.warmup(lambda n: (torch.randn(n, 16, device="cuda"),))
     assert model.q.weight.untyped_storage().data_ptr() == model.v.weight.untyped_storage().data_ptr()
     with fresh_counters.expect(cudagraph_captures=0, inductor_compiles=0) as d, torch.no_grad():
         for n in (1, 3, 8, 11):   # 1 and 8 replay graphs; 3 and 11 run the pieces (no pad_values: no padding)
-            x = torch.randn(n, 32, device="cuda")
+            x = torch.randn(n, 16, device="cuda")
             torch.testing.assert_close(compiled(x), reference(x), **FP32_TOL)
     assert d["cudagraph_replays"] > 0

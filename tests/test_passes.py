@@ -11,7 +11,7 @@ from vgc import _compat
 from vgc.passes import BUILTIN_PASSES
 from vgc.passes.manager import PassManager, pass_manager
 from vgc.passes.noop import eliminate_noops
-from conftest import FP32_TOL, MLP
+from conftest import FP32_TOL, MLP, SiblingBlock
 
 
 def test_noop_elimination_removes_same_shape_views_slices_and_expands():
@@ -181,23 +181,6 @@ def test_sibling_linears_fuse_on_an_unmodified_hugging_face_llama(no_cache, fres
         check(2, 9)
         check(2, 9)
     assert sum("no longer lie together" in r.message for r in caplog.records) == 1
-
-
-class SiblingBlock(torch.nn.Module):
-    """A user's model whose attention projections (with biases) and MLP read one input each."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
-        self.gate, self.up = (torch.nn.Linear(16, 32, bias=False) for _ in range(2))
-        self.down = torch.nn.Linear(32, 16, bias=False)
-
-    def forward(self, x):
-        n = x.shape[0]
-        q, k, v = (proj(x).view(1, n, 2, 8).transpose(1, 2) for proj in (self.q, self.k, self.v))
-        h = x + torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, 16)
-        return h + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
 
 
 def test_fused_linears_with_biases_load_from_a_saved_trace(tmp_path, monkeypatch):

@@ -4,7 +4,6 @@ that stops every rank instead of leaving them in a collective."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,16 +12,11 @@ import pytest
 import torch
 
 import vgc
+from vgc.bench.decode_tp import _free_port
 from vgc.models import llama
 
 HERE = Path(__file__).parent
 TP_TOL = dict(atol=1e-4, rtol=1e-4)   # fp32; partial sums added in another order than one matmul's
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: dict | None = None,

@@ -44,13 +44,24 @@ def rank_timeout_s() -> float:
     return value
 
 
-def world() -> tuple[int, int] | None:
-    """(rank, world size) of this process when a process group of more than one rank exists, else None."""
+def initialized() -> bool:
+    """torch.distributed has a default process group in this process."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
-    return dist.get_rank(), dist.get_world_size()
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_and_size() -> tuple[int, int]:
+    """This process's rank and the world size of the default group; (0, 1) without one."""
+    import torch.distributed as dist
+
+    return (dist.get_rank(), dist.get_world_size()) if initialized() else (0, 1)
+
+
+def world() -> tuple[int, int] | None:
+    """(rank, world size) of this process when a process group of more than one rank exists, else None."""
+    rank, size = rank_and_size()
+    return (rank, size) if size > 1 else None
 
 
 class StartCheckIn:
@@ -70,8 +81,6 @@ class StartCheckIn:
         return f"vgc/start/{self.index}/rank/{rank}"
 
     def _post(self, value: str) -> None:
-        if self.store is None or self.posted:
-            return
         self.posted = True
         self.store.set(self._key(self.rank), value)
 

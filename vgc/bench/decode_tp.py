@@ -109,7 +109,6 @@ def _time_row(row: str, model, cfg, kv, device, options: dict) -> tuple[dict, to
 
 def _rank_main(rank: int, tp: int, port: int, options: dict, out_dir: str) -> None:
     import vgc
-    from vgc.models import llama
 
     device, cfg, model, kv, build_s = _start_rank(rank, tp, port, options)
     results = {"tp": tp, "build_s": build_s, "rows": {}}

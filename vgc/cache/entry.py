@@ -14,6 +14,7 @@ from vgc.cache import recovery
 from vgc.cache.recovery import INDUCTOR_SUBDIR
 from vgc.cache.store import ArtifactStore, NoStore, make_private_dirs, warn_once
 from vgc.config import CompilationConfig
+from vgc.distributed import rank_and_size
 
 logger = logging.getLogger("vgc")
 
@@ -36,9 +37,7 @@ def cache_root(config: CompilationConfig) -> Path:
 
 
 def rank_dir_name() -> str:
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    rank, _ = rank_and_size()
     raw = os.environ.get("VGC_DP_RANK", "0")
     if not raw.isdigit():
         raise ValueError(f"VGC_DP_RANK={raw!r} must be a non-negative integer (the data-parallel rank)")

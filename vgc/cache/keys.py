@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import torch
 
 from vgc import _compat
+from vgc.distributed import rank_and_size
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -70,18 +71,12 @@ def environment_factors(device_type: str) -> dict[str, Any]:
         **_device_factors(device_type),
         # a tensor-parallel shard's code depends on how many ranks share the model; its rank only picks the
         # directory (rank_<r>_<dp>/), since every rank compiles the same code
-        "world_size": _world_size(),
+        "world_size": rank_and_size()[1],
         "inductor_config": _digest(inductor),
         "functorch_config": _digest(functorch),
         "inductor_custom_passes": {name: pass_identity(value)
                                    for name, value in _compat.inductor_custom_passes().items()},
     }
-
-
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def pass_identity(graph_pass: Any) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from vgc.distributed import initialized
+
 __all__ = ["all_reduce", "register_group", "group_named"]
 
 _GROUPS: dict[str, "dist.ProcessGroup"] = {}
@@ -22,7 +24,7 @@ _GROUPS: dict[str, "dist.ProcessGroup"] = {}
 
 def register_group(group: "dist.ProcessGroup | None" = None) -> str:
     """The name `vgc::all_reduce` calls `group` by (the default group when None); remembers the group for it."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not initialized():
         raise RuntimeError("vgc::all_reduce needs torch.distributed: call torch.distributed.init_process_group() "
                            "before building a tensor-parallel model")
     group = group if group is not None else dist.group.WORLD
@@ -34,7 +36,7 @@ def register_group(group: "dist.ProcessGroup | None" = None) -> str:
 def group_named(name: str) -> "dist.ProcessGroup":
     group = _GROUPS.get(name)
     if group is None:
-        world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+        world = dist.group.WORLD if initialized() else None
         if world is not None and world.group_name == name:
             return world
         raise RuntimeError(f"vgc::all_reduce: no process group named {name!r} in this process (known: "
