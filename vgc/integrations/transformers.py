@@ -1,0 +1,455 @@
+"""transformers `generate()` served the way vLLM serves its own models, for an unmodified Hugging Face decoder.
+
+    from vgc.integrations import transformers as vgc_transformers
+    model = vgc_transformers.compile(model, max_batch_size=8, max_cache_len=2048)
+    model.vgc.warmup()          # optional: the first generate() does it; every compile and capture happens here
+    out = model.generate(input_ids, attention_mask=mask, max_new_tokens=128)
+
+The model runs on flattened tokens, as vLLM's models do. `compile` registers vgc's attention with transformers'
+`AttentionInterface` (as "vgc") and switches the model to it, and wraps `model.forward` and `model.generate`:
+- generate() gets a `VgcCache`, a transformers `Cache` that holds each sequence's length; the K/V themselves
+  live in vgc's paged cache, allocated once (one stripe of blocks per batch row), so CUDA graphs read them in
+  place.
+- each forward turns transformers' padded [batch, new tokens] call into a flat batch: the real tokens only, their
+  positions, cache slots and per-sequence lengths. `vgc.compile` of the model runs it. The attention function
+  calls `vgc::attention`, the op vgc splits at, which writes the new K/V and attends over each sequence's own
+  length. So the compiled pieces' shapes follow the token count alone, whatever the KV length: a decode step at
+  batch B is a uniform decode batch of B tokens, padded up to a capture size and replayed as one FULL CUDA graph;
+  prefill runs on piece graphs (or, above the largest capture size, on the compiled pieces without graphs).
+
+What transformers does around the forward (logits processors, sampling, stopping, EOS, padding of finished rows)
+is left to generate() itself, so its tokens are eager's.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import weakref
+from typing import Any
+
+import torch
+
+from vgc.api import CompiledModel
+from vgc.api import compile as vgc_compile
+from vgc.config import CompilationConfig, CUDAGraphMode
+from vgc.counters import counters
+
+try:
+    from transformers import AttentionInterface
+    from transformers.cache_utils import Cache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError("vgc.integrations.transformers needs transformers: pip install 'vgc[transformers]'") from error
+
+__all__ = ["ATTENTION", "GenerationEngine", "VgcCache", "compile"]
+
+logger = logging.getLogger("vgc")
+
+ATTENTION = "vgc"   # the attn_implementation name vgc registers with transformers
+_BATCH = "vgc_batch"   # the keyword under which the flat batch travels through the model to the attention function
+
+# How vgc pads a flat batch up to a capture size: padded tokens write no KV (slot -1), padded sequences are empty.
+PAD_VALUES = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "block_table": 0, "seq_lens": 0,
+              "query_start_loc": "edge", "logits_indices": 0}
+_DYNAMIC = {name: 0 for name in PAD_VALUES}
+
+
+def _is_decode(batch: dict) -> bool:
+    """One new token per sequence, read from shapes alone (no device sync): FULL CUDA graphs serve these."""
+    return batch["input_ids"].shape[0] == batch["seq_lens"].shape[0]
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+              sliding_window=None, **kwargs):
+    """transformers' attention interface over vgc's paged cache: query [1, H, N, D], key/value [1, Hkv, N, D] are
+    the flat batch's new tokens; returns [1, N, H, D]. `attention_mask` is None (no mask function is registered
+    for "vgc"): the lengths in the flat batch say what each token sees."""
+    batch = kwargs.get(_BATCH)
+    if batch is None:
+        raise RuntimeError("attn_implementation='vgc' runs only inside a model prepared by "
+                           "vgc.integrations.transformers.compile(model); call that model's generate() or forward")
+    if softcap is not None:
+        raise ValueError(f"{type(module).__name__} soft-caps its attention logits (softcap={softcap}), which "
+                         "vgc::attention does not implement; serve this model with torch.compile(model.forward, "
+                         "backend='vgc') instead")
+    if sliding_window is not None and sliding_window < batch["max_len"]:
+        raise ValueError(f"{type(module).__name__} attends over a sliding window of {sliding_window} tokens, which "
+                         f"vgc::attention does not implement; pass max_cache_len <= {sliding_window} (then the "
+                         "window never binds)")
+    kv = batch["kv_caches"][module.layer_idx]
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    out = q.new_empty(q.shape)
+    torch.ops.vgc.attention(out, q, k, v, kv[0], kv[1], batch["slot_mapping"], batch["block_table"],
+                            batch["seq_lens"], batch["query_start_loc"],
+                            module.head_dim ** -0.5 if scaling is None else scaling)
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(ATTENTION, attention)
+
+
+class FlatModel(torch.nn.Module):
+    """The Hugging Face causal LM over one flat batch of tokens (vLLM's layout): what `vgc.compile` traces.
+
+    Returns the logits of the tokens at `logits_indices` ([len(logits_indices), vocab])."""
+
+    def __init__(self, model: torch.nn.Module, max_len: int):
+        super().__init__()
+        self.model = model
+        self.max_len = max_len
+        # The class's forward: the instance's `forward` attribute is vgc's wrapper, which calls this module.
+        self.causal_lm_forward = type(model).forward
+
+    def forward(self, input_ids, positions, kv_caches, slot_mapping, block_table, seq_lens, query_start_loc,
+                logits_indices):
+        batch = {"kv_caches": kv_caches, "slot_mapping": slot_mapping, "block_table": block_table,
+                 "seq_lens": seq_lens, "query_start_loc": query_start_loc, "max_len": self.max_len}
+        out = self.causal_lm_forward(self.model, input_ids=input_ids.unsqueeze(0),
+                                     position_ids=positions.unsqueeze(0), use_cache=False,
+                                     logits_to_keep=logits_indices, **{_BATCH: batch})
+        return out.logits[0]
+
+
+class VgcCache(Cache):
+    """What generate() carries between steps: how many columns the batch has seen, and each row's length (its
+    real tokens, on the device). The keys and values live in the engine's paged cache, which serves one
+    `VgcCache` at a time: the one most recently started."""
+
+    def __init__(self, engine: "GenerationEngine"):
+        super().__init__(layers=[])
+        self.engine = engine
+        self.seen = 0          # columns of the batch processed so far (transformers' "sequence length")
+        self.batch = 0
+        self.lens: torch.Tensor | None = None   # [batch] int64: real tokens per row, in the paged cache
+
+    # transformers asks these of any cache.
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:   # unused: "vgc" has no mask function
+        query_length = args[0] if args else kwargs.get("query_length", 0)
+        length = query_length.shape[0] if isinstance(query_length, torch.Tensor) else int(query_length)
+        return self.seen + length, 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.engine.max_cache_len
+
+    def __len__(self) -> int:
+        return self.engine.num_layers
+
+    @property
+    def is_compileable(self) -> bool:   # vgc compiles the forward itself; generate() must not wrap it again
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.lens is not None
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * self.engine.num_layers
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False] * self.engine.num_layers
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False] * self.engine.num_layers
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.engine.max_batch_size
+
+    @property
+    def max_cache_len(self) -> int:
+        return self.engine.max_cache_len
+
+    def reset(self) -> None:
+        self.seen, self.batch, self.lens = 0, 0, None
+
+    def update(self, *args, **kwargs):
+        raise RuntimeError("VgcCache holds no per-layer tensors: vgc's attention writes its paged cache; run the "
+                           "model prepared by vgc.integrations.transformers.compile, with attn_implementation='vgc'")
+
+    def _unsupported(self, what: str):
+        raise NotImplementedError(f"vgc's paged cache does not support {what} (beam search, assisted or "
+                                  "contrastive decoding): use greedy or sampling, or the model without vgc")
+
+    def reorder_cache(self, *args, **kwargs):
+        self._unsupported("reordering rows")
+
+    def crop(self, *args, **kwargs):
+        self._unsupported("cropping")
+
+    def batch_repeat_interleave(self, *args, **kwargs):
+        self._unsupported("repeating rows")
+
+    def batch_select_indices(self, *args, **kwargs):
+        self._unsupported("selecting rows")
+
+
+class GenerationEngine:
+    """vgc's state for one Hugging Face causal LM: the paged KV cache, the `vgc.compile` of its flat forward and
+    the translation of transformers' calls into flat batches. `compile()` builds it as `model.vgc`."""
+
+    def __init__(self, model: torch.nn.Module, *, max_batch_size: int, max_cache_len: int, block_size: int,
+                 config: CompilationConfig | dict | None):
+        for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len),
+                            ("block_size", block_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        _check_supported(model, text, max_cache_len)
+        self.model = model
+        self.max_batch_size, self.max_cache_len, self.block_size = max_batch_size, max_cache_len, block_size
+        self.num_layers = text.num_hidden_layers
+        heads = text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        device, dtype = model.device, model.dtype
+        blocks_per_row = math.ceil(max_cache_len / block_size)
+        num_blocks = max_batch_size * blocks_per_row
+        self.kv_caches = [torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+                          for _ in range(self.num_layers)]
+        # Row b owns blocks [b * blocks_per_row, (b + 1) * blocks_per_row): its slots are contiguous, so a token's
+        # slot is its row's first slot plus its position.
+        self.block_table = torch.arange(num_blocks, dtype=torch.int32, device=device).view(max_batch_size,
+                                                                                             blocks_per_row)
+        self.row_start = torch.arange(max_batch_size, device=device) * (blocks_per_row * block_size)
+        self._offsets = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)
+        self._rows = torch.arange(max_batch_size, device=device)
+        self.device = device
+        self.compiled: CompiledModel = vgc_compile(
+            FlatModel(model, max_cache_len), config=_config(config, device, max_batch_size),
+            dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=_is_decode)
+        self._active: weakref.ref | None = None
+
+    # ---- warm-up ----
+    def warmup(self) -> dict[str, Any]:
+        """Trace once, compile every piece and capture every CUDA graph, before the first request. generate()
+        calls it when it has not run."""
+        if not self.compiled.warmed_up:
+            trace_size = max(16, *self.compiled.config.compile_sizes) if self.compiled.config.compile_sizes else 16
+            self.compiled.warmup(self._prefill_example, trace_size=trace_size,
+                                 make_decode_inputs=self._decode_example)
+        return self.stats()
+
+    def _prefill_example(self, n: int) -> dict:
+        """n tokens in up to two sequences from position 0 (two at trace time, so no batch dim is 1)."""
+        lengths = [n] if n < 2 else [n - n // 2, n // 2]
+        rows = torch.cat([torch.full((m,), b) for b, m in enumerate(lengths)]).to(self.device)
+        positions = torch.cat([torch.arange(m) for m in lengths]).to(self.device)
+        lens = torch.tensor(lengths, device=self.device)
+        offsets = torch.tensor([0, *lengths], device=self.device).cumsum(0).to(torch.int32)
+        return self._flat(torch.zeros(n, dtype=torch.long, device=self.device), positions,
+                          self.row_start[rows] + positions, self.block_table[:len(lengths)], lens, offsets,
+                          offsets[1:].long() - 1)
+
+    def _decode_example(self, n: int) -> dict:
+        """n sequences of one token each (rows past max_batch_size share stripes: warm-up writes are garbage)."""
+        rows = self._rows[torch.arange(n, device=self.device) % self.max_batch_size]
+        zeros = torch.zeros(n, dtype=torch.long, device=self.device)
+        return self._flat(zeros, zeros, self.row_start[rows], self.block_table[rows], zeros + 1,
+                          torch.arange(n + 1, dtype=torch.int32, device=self.device), torch.arange(n, device=self.device))
+
+    def _flat(self, input_ids, positions, slot_mapping, block_table, seq_lens, query_start_loc, logits_indices):
+        return {"input_ids": input_ids, "positions": positions, "kv_caches": self.kv_caches,
+                "slot_mapping": slot_mapping, "block_table": block_table, "seq_lens": seq_lens,
+                "query_start_loc": query_start_loc, "logits_indices": logits_indices}
+
+    # ---- one call ----
+    def run(self, cache: VgcCache, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+            logits_to_keep) -> torch.Tensor:
+        """transformers' call on `cache` -> logits [batch, columns kept, vocab]."""
+        if self._active is None or self._active() is not cache:
+            if cache.seen:
+                raise RuntimeError("this VgcCache's sequences were overwritten: another generate() ran on the model "
+                                   "since (vgc's paged cache serves one batch at a time)")
+            self._active = weakref.ref(cache)
+        if not self.compiled.warmed_up:
+            self.warmup()
+        batch, columns = input_ids.shape
+        if cache.lens is None:
+            if batch > self.max_batch_size:
+                raise ValueError(f"a batch of {batch} sequences is more than max_batch_size={self.max_batch_size}; "
+                                 "pass a larger max_batch_size to vgc.integrations.transformers.compile")
+            cache.batch, cache.lens = batch, torch.zeros(batch, dtype=torch.long, device=self.device)
+        elif batch != cache.batch:
+            raise ValueError(f"this cache holds {cache.batch} sequences, and the call has {batch}")
+        if cache.seen + columns > self.max_cache_len:
+            raise ValueError(f"the sequences would reach {cache.seen + columns} tokens, more than max_cache_len="
+                             f"{self.max_cache_len}; pass a larger max_cache_len to "
+                             "vgc.integrations.transformers.compile (or fewer max_new_tokens)")
+        new = None if attention_mask is None else attention_mask[:, -columns:]
+        keep_all = not (isinstance(logits_to_keep, int) and logits_to_keep == 1) and columns > 1
+        if columns == 1 and not keep_all:
+            logits = self._decode(cache, input_ids.view(batch), new)
+        else:
+            logits = self._prefill(cache, input_ids, new, keep_all)
+        cache.seen += columns
+        if keep_all and isinstance(logits_to_keep, int) and logits_to_keep > 1:
+            logits = logits[:, -logits_to_keep:]
+        return logits
+
+    def _decode(self, cache: VgcCache, ids: torch.Tensor, new: torch.Tensor | None) -> torch.Tensor:
+        """One token per row, all on the device: no host sync. A token whose mask is 0 still runs, but its row's
+        length does not grow, so its K/V are never read (the next real token overwrites them)."""
+        batch, positions = cache.batch, cache.lens
+        cache.lens = positions + (1 if new is None else new.view(batch))
+        logits = self.compiled(**self._flat(ids, positions, self.row_start[:batch] + positions,
+                                            self.block_table[:batch], cache.lens, self._offsets[:batch + 1],
+                                            self._rows[:batch]))
+        return logits[:batch].unsqueeze(1)
+
+    def _prefill(self, cache: VgcCache, input_ids: torch.Tensor, new: torch.Tensor | None,
+                 keep_all: bool) -> torch.Tensor:
+        """The real tokens of each row (mask 1), appended to the row; one host sync (the token count)."""
+        batch, columns = input_ids.shape
+        real = torch.ones_like(input_ids, dtype=torch.bool) if new is None else new.bool()
+        positions = cache.lens[:, None] + real.cumsum(1) - 1
+        rows = self._rows[:batch, None].expand(batch, columns)
+        counts = real.sum(1)
+        flat_positions = positions[real]
+        offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+        cache.lens = cache.lens + counts
+        logits_indices = torch.arange(flat_positions.shape[0], device=self.device) if keep_all else \
+            (offsets[1:].long() - 1).clamp(min=0)
+        logits = self.compiled(**self._flat(input_ids[real], flat_positions,
+                                            self.row_start[rows[real]] + flat_positions, self.block_table[:batch],
+                                            cache.lens, offsets, logits_indices))
+        if not keep_all:
+            return logits[:batch].unsqueeze(1)
+        out = logits.new_zeros(batch, columns, logits.shape[-1])
+        out[real] = logits[:flat_positions.shape[0]]
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        report = self.compiled.stats()
+        report["kv_cache"] = {"max_batch_size": self.max_batch_size, "max_cache_len": self.max_cache_len,
+                              "block_size": self.block_size,
+                              "bytes": sum(t.numel() * t.element_size() for t in self.kv_caches)}
+        return report
+
+
+def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: int | None = None,
+            block_size: int = 16, config: CompilationConfig | dict | None = None) -> torch.nn.Module:
+    """Prepare a transformers causal LM for fast `generate()` and return it (changed in place; `model.vgc` is
+    its `GenerationEngine`).
+
+    `max_batch_size` sequences of `max_cache_len` tokens each (default: the model's `max_position_embeddings`,
+    at most 4096) fit the paged KV cache, allocated now. `config` is a `vgc.CompilationConfig` (or a dict of its
+    fields) for the flat forward; by default, on CUDA, FULL CUDA graphs for decode steps of 1 to `max_batch_size`
+    sequences and piece graphs for prefill of up to that many tokens.
+
+    generate() calls that bring their own cache of another kind (`past_key_values=DynamicCache()`), and forward
+    calls without a cache, run the model eagerly with its original attention.
+    """
+    if getattr(model, "vgc", None) is not None:
+        raise ValueError("this model was already prepared by vgc.integrations.transformers.compile")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"{type(model).__name__} is an encoder-decoder model; vgc.integrations.transformers "
+                         "serves decoder-only causal LMs")
+    if max_cache_len is None:
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        max_cache_len = min(getattr(text, "max_position_embeddings", None) or 4096, 4096)
+    original_attention = model.config._attn_implementation
+    engine = GenerationEngine(model, max_batch_size=max_batch_size, max_cache_len=max_cache_len,
+                              block_size=block_size, config=config)
+    forward, generate = model.forward, model.generate
+    cache_name = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    _set_attention(model, ATTENTION)
+
+    @functools.wraps(forward)
+    def vgc_forward(input_ids=None, attention_mask=None, *args, **kwargs):
+        cache = kwargs.get(cache_name)
+        if not isinstance(cache, VgcCache) or cache.engine is not engine or args or \
+                kwargs.get("inputs_embeds") is not None or kwargs.get("output_attentions") or \
+                kwargs.get("output_hidden_states") or input_ids is None:
+            return _eager(model, forward, original_attention, input_ids, attention_mask, *args, **kwargs)
+        logits = engine.run(cache, input_ids, attention_mask, kwargs.get("logits_to_keep", 0))
+        return CausalLMOutputWithPast(logits=logits, **{cache_name: cache})
+
+    @functools.wraps(generate)
+    def vgc_generate(*args, **kwargs):
+        if kwargs.get(cache_name) is None and kwargs.get("use_cache", True):
+            beams = kwargs.get("num_beams") or getattr(kwargs.get("generation_config") or model.generation_config,
+                                                       "num_beams", 1) or 1
+            if beams > 1:
+                raise NotImplementedError(f"num_beams={beams}: vgc's paged cache does not reorder rows, so beam "
+                                          "search is not supported; use greedy or sampling")
+            kwargs[cache_name] = VgcCache(engine)
+            engine.warmup()
+        return generate(*args, **kwargs)
+
+    model.forward, model.generate, model.vgc = vgc_forward, vgc_generate, engine
+    return model
+
+
+def _eager(model, forward, attention_name: str, *args, **kwargs):
+    """A call vgc does not serve, on the model's original attention: no vgc cache, or inputs it does not take."""
+    counters.eager_runs += 1
+    _set_attention(model, attention_name)
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        _set_attention(model, ATTENTION)
+
+
+def _set_attention(model: torch.nn.Module, name: str) -> None:
+    for config in {id(c): c for c in _configs(model.config)}.values():
+        config._attn_implementation = name
+
+
+def _configs(config):
+    yield config
+    for key in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "_attn_implementation"):
+            yield from _configs(sub)
+
+
+def _config(config: CompilationConfig | dict | None, device: torch.device, max_batch_size: int) -> CompilationConfig:
+    """The user's config, else: on CUDA, FULL graphs for decode at 1 .. max_batch_size sequences (1, 2, 4, then
+    multiples of 8) and piece graphs for small prefills; the CPU runs the compiled pieces."""
+    if isinstance(config, CompilationConfig):
+        return config
+    options = dict(config or {})
+    if device.type == "cuda":
+        sizes = sorted({s for s in (1, 2, 4) if s < max_batch_size} | set(range(8, max_batch_size, 8)) |
+                       {max_batch_size})
+        options.setdefault("cudagraph_mode", CUDAGraphMode.FULL_AND_PIECEWISE.value)
+        options.setdefault("cudagraph_capture_sizes", sizes)
+    return CompilationConfig.from_options(options)
+
+
+def _check_supported(model: torch.nn.Module, text, max_cache_len: int) -> None:
+    """Refuse, before allocating anything, what vgc's attention would compute differently from the model."""
+    name = type(model).__name__
+    softcap = getattr(text, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise ValueError(f"{name} soft-caps its attention logits (attn_logit_softcapping={softcap}), which "
+                         "vgc::attention does not implement; serve it with torch.compile(model.forward, "
+                         "backend='vgc') instead")
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    sliding = ("sliding_attention" in layer_types) if layer_types else \
+        (window is not None and getattr(text, "use_sliding_window", True))
+    if sliding and window is not None and window < max_cache_len:
+        raise ValueError(f"{name} has layers that attend over a sliding window of {window} tokens, which "
+                         f"vgc::attention does not implement; pass max_cache_len <= {window} (then the window "
+                         "never binds)")
+    if not hasattr(model, "generate") or "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
+        raise ValueError(f"{name} is not a transformers causal LM whose forward takes logits_to_keep; "
+                         "vgc.integrations.transformers serves *ForCausalLM decoders")
