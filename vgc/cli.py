@@ -44,14 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", parents=[common], help="benchmarks: startup (cold vs warm), decode "
                                 "(per-step latency, GPU), encoder (vision encoder request latency, GPU), hf "
-                                "(transformers models, GPU); arguments after the name go to the benchmark")
-    benchmarks = bench.add_subparsers(dest="name", required=True, metavar="{startup,decode,encoder,hf}")
+                                "(transformers models, GPU), generate (transformers generate()); arguments after the name go to the benchmark")
+    benchmarks = bench.add_subparsers(dest="name", required=True, metavar="{startup,decode,encoder,hf,generate}")
     # No -h of their own: `vgc bench startup --help` reaches the benchmark's parser, which lists its arguments.
     for name, text in (("startup", "cold vs warm time to first output, each in a fresh process"),
                        ("decode", "per-step latency of every execution strategy (CUDA)"),
                        ("encoder", "vision encoder request latency of every execution strategy (CUDA; "
                                    "--model tiny runs on the CPU)"),
-                       ("hf", "unmodified transformers Llama and ViT under every execution strategy (CUDA)")):
+                       ("hf", "unmodified transformers Llama and ViT under every execution strategy (CUDA)"),
+                       ("generate", "transformers generate() on every path, vgc's integration included (CUDA; "
+                                    "--model tiny runs on the CPU)")):
         benchmarks.add_parser(name, parents=[common], add_help=False, help=f"{text}; see its --help")
 
     from vgc.cache import cli as cache_cli

@@ -247,14 +247,16 @@ class GenerationEngine:
         return self.stats()
 
     def _prefill_example(self, n: int) -> dict:
-        """n tokens in up to two sequences from position 0 (two at trace time, so no batch dim is 1)."""
+        """n tokens in up to two sequences from position 0 (two at trace time, so no batch dim is 1; with
+        max_batch_size 1 both use row 0: warm-up writes are garbage)."""
         lengths = [n] if n < 2 else [n - n // 2, n // 2]
-        rows = torch.cat([torch.full((m,), b) for b, m in enumerate(lengths)]).to(self.device)
+        rows = torch.cat([torch.full((m,), b % self.max_batch_size) for b, m in enumerate(lengths)]).to(self.device)
+        table = self.block_table[torch.arange(len(lengths), device=self.device) % self.max_batch_size]
         positions = torch.cat([torch.arange(m) for m in lengths]).to(self.device)
         lens = torch.tensor(lengths, device=self.device)
         offsets = torch.tensor([0, *lengths], device=self.device).cumsum(0).to(torch.int32)
         return self._flat(torch.zeros(n, dtype=torch.long, device=self.device), positions,
-                          self.row_start[rows] + positions, self.block_table[:len(lengths)], lens, offsets,
+                          self.row_start[rows] + positions, table, lens, offsets,
                           offsets[1:].long() - 1)
 
     def _decode_example(self, n: int) -> dict:

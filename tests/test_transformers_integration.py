@@ -1,0 +1,197 @@
+"""`vgc.integrations.transformers`: unmodified Hugging Face causal LMs under generate(), on vgc's paged cache.
+
+Every test compares with the same model run eagerly (fp32, CPU): tokens equal token for token. Each family's model
+is compiled once for the module (a cold compile costs ~30 s on 2 cores) and serves every test of that family."""
+
+import pytest
+import torch
+
+import vgc
+
+transformers = pytest.importorskip("transformers")
+from vgc.integrations import transformers as vgc_transformers  # noqa: E402
+
+MAX_CACHE_LEN = 64
+
+# Tiny shapes of each family (random weights), with the features that make them differ: GQA, Qwen2's q/k/v biases,
+# Mistral's sliding window (wider than the cache, so it never binds), Gemma3's q/k norms, embedding scale, a
+# query_pre_attn_scalar and sliding layers.
+_COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")
+FAMILIES = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**_COMMON)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_COMMON)),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**_COMMON, sliding_window=96)),
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        **_COMMON, head_dim=16, sliding_window=MAX_CACHE_LEN, query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention"])),
+}
+
+# Three left-padded prompts of 6, 4 and 2 tokens.
+PROMPTS = torch.tensor([[5, 17, 42, 8, 99, 3], [0, 0, 7, 8, 9, 10], [0, 0, 0, 0, 1, 2]])
+MASK = (torch.arange(6)[None] >= torch.tensor([[0], [2], [4]])).long()
+
+
+def _build(family: str):
+    torch.manual_seed(0)
+    model = FAMILIES[family]().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+_compiled: dict[str, tuple] = {}
+
+
+@pytest.fixture(params=list(FAMILIES))
+def pair(request):
+    """(eager model, vgc model) of one family: the same weights, the vgc one compiled (once per session)."""
+    family = request.param
+    if family not in _compiled:
+        eager, model = _build(family), _build(family)
+        vgc_transformers.compile(model, max_batch_size=4, max_cache_len=MAX_CACHE_LEN)
+        with vgc.counters.delta() as first:
+            model.vgc.warmup()
+        assert first["dynamo_traces"] == 1, first
+        _compiled[family] = (eager, model)
+    return _compiled[family]
+
+
+def _generate(model, prompts=PROMPTS, mask=MASK, **kwargs):
+    kwargs = {"max_new_tokens": 16, "do_sample": False, **kwargs}
+    with torch.no_grad():
+        return model.generate(prompts, attention_mask=mask, **kwargs)
+
+
+def test_greedy_left_padded_batch_equals_eager_and_never_compiles_again(pair):
+    eager, model = pair
+    want = _generate(eager)
+    with vgc.counters.delta() as calls:
+        got = _generate(model)
+        single = _generate(model, PROMPTS[:1], MASK[:1])   # another batch size: same trace, same artifacts
+    assert got.tolist() == want.tolist()
+    assert single.tolist() == _generate(eager, PROMPTS[:1], MASK[:1]).tolist()
+    assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0, calls
+    assert calls["eager_runs"] == 0, calls
+
+
+def test_eos_mid_batch(pair):
+    eager, model = pair
+    # An EOS that row 0 reaches early in eager's greedy output: that row stops (then pads) while the others go on.
+    free = _generate(eager, max_new_tokens=8)[:, PROMPTS.shape[1]:]
+    eos = free[0, 2].item()
+    want = _generate(eager, eos_token_id=eos, max_new_tokens=12)
+    got = _generate(model, eos_token_id=eos, max_new_tokens=12)
+    assert got.tolist() == want.tolist()
+    assert (want[0, PROMPTS.shape[1] + 3:] == 0).all(), "row 0 did not stop at the EOS"
+
+
+def test_sampling_with_a_seed_equals_eager(pair):
+    eager, model = pair
+    outputs = []
+    for m in (eager, model):
+        torch.manual_seed(1234)
+        outputs.append(_generate(m, do_sample=True, top_k=20, temperature=0.9).tolist())
+    assert outputs[0] == outputs[1]
+
+
+def test_prefill_logits_of_every_real_token_equal_eager():
+    eager, model = _compiled.get("llama") or (None, None)
+    if model is None:
+        pytest.skip("runs after the llama tests built the model")
+    with torch.no_grad():
+        want = eager(PROMPTS, attention_mask=MASK).logits
+        cache = vgc_transformers.VgcCache(model.vgc)
+        got = model(PROMPTS, attention_mask=MASK, logits_to_keep=0,
+                    **{_cache_keyword(model): cache}).logits
+    real = MASK.bool()
+    torch.testing.assert_close(got[real], want[real], atol=2e-5, rtol=2e-5)
+    assert cache.get_seq_length() == PROMPTS.shape[1]
+    assert cache.lens.tolist() == [6, 4, 2]
+
+
+def test_calls_vgc_does_not_serve_run_eagerly_on_the_original_attention():
+    eager, model = _compiled.get("llama") or (None, None)
+    if model is None:
+        pytest.skip("runs after the llama tests built the model")
+    with torch.no_grad(), vgc.counters.delta() as calls:
+        got = model(PROMPTS, attention_mask=MASK).logits   # a plain forward: no vgc cache
+        want = eager(PROMPTS, attention_mask=MASK).logits
+        dynamic = transformers.DynamicCache(config=model.config)
+        tokens = _generate(model, **{_cache_keyword(model): dynamic}, max_new_tokens=4)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert tokens.tolist() == _generate(eager, max_new_tokens=4).tolist()
+    assert calls["eager_runs"] == 5 and calls["dynamo_traces"] == 0
+
+
+def test_bad_requests_are_refused_with_the_fix():
+    eager, model = _compiled.get("llama") or (None, None)
+    if model is None:
+        pytest.skip("runs after the llama tests built the model")
+    five = torch.ones(5, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="batch of 5 sequences is more than max_batch_size=4"):
+        _generate(model, five, torch.ones_like(five))
+    with pytest.raises(ValueError, match=r"would reach \d+ tokens, more than max_cache_len=64"):
+        _generate(model, max_new_tokens=MAX_CACHE_LEN)
+    with pytest.raises(NotImplementedError, match="beam search"):
+        _generate(model, num_beams=2)
+    # After refused requests the model still gives eager's tokens.
+    assert _generate(model, max_new_tokens=4).tolist() == _generate(eager, max_new_tokens=4).tolist()
+
+
+def test_unsupported_attention_is_refused_before_anything_is_allocated():
+    gemma2 = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**{**_COMMON, "attn_implementation": "eager"},
+                                                                    head_dim=16))
+    with pytest.raises(ValueError, match=r"soft-caps its attention logits \(attn_logit_softcapping=50.0\).*"
+                                         r"backend='vgc'"):
+        vgc_transformers.compile(gemma2)
+    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(**_COMMON, sliding_window=32))
+    with pytest.raises(ValueError, match="sliding window of 32 tokens.*max_cache_len <= 32"):
+        vgc_transformers.compile(mistral, max_cache_len=64)
+    with pytest.raises(ValueError, match="max_batch_size must be a positive int, got 0"):
+        vgc_transformers.compile(transformers.LlamaForCausalLM(transformers.LlamaConfig(**_COMMON)),
+                                 max_batch_size=0)
+    assert getattr(mistral, "vgc", None) is None and mistral.config._attn_implementation == "sdpa"
+
+
+def test_decode_steps_replay_full_graphs_padded_to_capture_sizes(simulated_cuda):
+    """The CUDA path on the CPU stand-in for capture: batch 3 decodes on the FULL graph of size 4, with eager's
+    tokens; prefill (more tokens than the largest capture size) runs the compiled pieces."""
+    eager, model = _build("llama"), _build("llama")
+    vgc_transformers.compile(model, max_batch_size=4, max_cache_len=MAX_CACHE_LEN,
+                             config={"cudagraph_mode": "full_and_piecewise", "cudagraph_capture_sizes": [1, 2, 4]})
+    model.vgc.warmup()
+    assert model.vgc.stats()["cudagraphs"]["full_graphs"] == 3
+    with vgc.counters.delta() as calls:
+        got = _generate(model)
+    assert got.tolist() == _generate(eager).tolist()
+    assert calls["cudagraph_replays"] == 15, calls   # every decode step after the prefill
+    assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0 and calls["cudagraph_captures"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_generate_replays_full_graphs(dtype):
+    torch.manual_seed(0)
+    eager = FAMILIES["llama"]().eval().to("cuda", dtype)
+    model = FAMILIES["llama"]().eval().to("cuda", dtype)
+    model.load_state_dict(eager.state_dict())
+    for m in (eager, model):
+        m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
+    vgc_transformers.compile(model, max_batch_size=4, max_cache_len=MAX_CACHE_LEN)
+    prompts, mask = PROMPTS.cuda(), MASK.cuda()
+    want = _generate(eager, prompts, mask)
+    _generate(model, prompts, mask)
+    with vgc.counters.delta() as calls:
+        got = _generate(model, prompts, mask)
+    assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0, calls
+    assert calls["cudagraph_replays"] == 15, calls
+    if dtype == torch.float32:
+        assert got.tolist() == want.tolist()
+    else:   # bf16: near-ties may flip late tokens
+        assert got[:, PROMPTS.shape[1]:][:, :4].tolist() == want[:, PROMPTS.shape[1]:][:, :4].tolist()
+
+
+def _cache_keyword(model) -> str:
+    import inspect
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"

@@ -1,0 +1,255 @@
+"""`vgc bench generate`: transformers `generate()` on an unmodified causal LM, every way of running it, in one run.
+
+Model shapes (random weights, bf16 on CUDA, fp32 on the CPU): `llama_1b` (Llama-3.2-1B: 16 layers, hidden 2048,
+32/8 heads, vocab 128256), `qwen2_0_5b` (Qwen2-0.5B: 24 layers, hidden 896, 14/2 heads, vocab 151936), `tiny`
+(2 layers, hidden 64: a smoke run). Greedy, `--prompt` random ids per row, exactly `--new-tokens` new tokens.
+
+Rows (each on its own copy of the model; vgc's fusion pass rebinds weights):
+- `eager`: generate() on transformers' default dynamic cache;
+- `anchor`: transformers' own fast path, `cache_implementation="static"` + `compile_config=CompileConfig()`
+  (Inductor, reduce-overhead, fullgraph);
+- `vgc drop-in (dynamic cache)`: `model.forward = torch.compile(model.forward, backend="vgc")`, nothing else;
+- `vgc CompileConfig (static cache)`: the anchor with `CompileConfig(backend="vgc")`, FULL_AND_PIECEWISE, split
+  at SDPA;
+- `vgc integration`: `vgc.integrations.transformers.compile(model)`.
+
+Columns: `first s` (the row's first generate(): compile, capture and one generate; the bench starts with empty
+vgc and Inductor caches), new tokens/s and ms per token (median of `--reps` generate() calls, the rows
+interleaved: A, B, C, A, B, C, ...), the decode forward alone (CUDA events around each one-token model call, in
+separate generate() calls so the events do not slow the timed ones), and how many leading new tokens equal
+eager's (bf16 with random weights diverges on near-ties: exact equality is what the fp32 CPU tests check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+SPLIT_AT_SDPA = ["aten::scaled_dot_product_attention"]
+
+
+def _shape(name: str, layers: int | None):
+    import transformers
+
+    if name == "llama_1b":
+        return transformers.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                        num_hidden_layers=layers or 16, num_attention_heads=32,
+                                        num_key_value_heads=8, max_position_embeddings=4096, rope_theta=500000.0,
+                                        attn_implementation="sdpa")
+    if name == "qwen2_0_5b":
+        return transformers.Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                        num_hidden_layers=layers or 24, num_attention_heads=14,
+                                        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+                                        attn_implementation="sdpa")
+    if name == "tiny":
+        return transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=layers or 2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=256, attn_implementation="sdpa")
+    raise ValueError(f"unknown model {name!r}")
+
+
+MODELS = ("llama_1b", "qwen2_0_5b", "tiny")
+ROWS = ("eager", "anchor", "vgc drop-in (dynamic cache)", "vgc CompileConfig (static cache)", "vgc integration")
+
+
+def _build(config, device: str, dtype: torch.dtype):
+    import transformers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    model.generation_config.eos_token_id = None   # exactly --new-tokens tokens per row
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+class _ForwardTimer:
+    """CUDA events around each one-token call of a callable (a decode step); bypassed when `on` is False."""
+
+    def __init__(self, fn):
+        self.fn, self.on, self.events = fn, False, []
+
+    def __call__(self, *args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if not self.on or ids is None or ids.shape[-1] != 1:
+            return self.fn(*args, **kwargs)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = self.fn(*args, **kwargs)
+        end.record()
+        self.events.append((start, end))
+        return out
+
+    def take_ms(self) -> float:
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) for s, e in self.events]
+        self.events = []
+        return statistics.median(times) if times else float("nan")
+
+
+def _rows(base, names: list[str], batch: int):
+    """name -> (model, generate kwargs, timer install). Built lazily, in order: each is a fresh copy."""
+    import transformers
+
+    def anchor_kwargs(**compile_kwargs):
+        return {"cache_implementation": "static",
+                "compile_config": transformers.CompileConfig(**compile_kwargs)}
+
+    def build(name):
+        model = copy.deepcopy(base)
+        kwargs = {}
+        if name == "anchor":
+            kwargs = anchor_kwargs()
+        elif name == "vgc drop-in (dynamic cache)":
+            model.forward = torch.compile(model.forward, backend="vgc")
+        elif name == "vgc CompileConfig (static cache)":
+            kwargs = anchor_kwargs(backend="vgc", mode=None, fullgraph=True,
+                                   options={"cudagraph_mode": "full_and_piecewise", "splitting_ops": SPLIT_AT_SDPA})
+        elif name == "vgc integration":
+            from vgc.integrations import transformers as vgc_transformers
+            vgc_transformers.compile(model, max_batch_size=batch)
+        return model, kwargs
+
+    return {name: (lambda name=name: build(name)) for name in names}
+
+
+def _install_timer(name: str, model) -> _ForwardTimer | None:
+    """Wrap the call generate() makes for a decode step: the compiled call for the anchor-style rows (after the
+    first generate() made it), the forward for the others."""
+    if not torch.cuda.is_available():
+        return None
+    if name in ("anchor", "vgc CompileConfig (static cache)"):
+        if not hasattr(model, "_compiled_call"):
+            return None
+        timer = _ForwardTimer(model._compiled_call)
+        model._compiled_call = timer
+        return timer
+    timer = _ForwardTimer(model.forward)
+    model.forward = timer
+    return timer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vgc bench generate")
+    parser.add_argument("--model", choices=MODELS, default="llama_1b")
+    parser.add_argument("--layers", type=int, help="fewer layers than the real shape (quick runs)")
+    parser.add_argument("--batch", default="1", help="comma-separated batch sizes (default 1)")
+    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3, help="timed generate() calls per row")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of rows: {', '.join(ROWS)}")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    # Every cache starts empty, so each row's first generate() is cold (rows later in the run may find Triton
+    # kernels an earlier row built: same kernels are rare across strategies, but not impossible).
+    root = tempfile.mkdtemp(prefix="vgc-bench-generate-")
+    os.environ.setdefault("VGC_CACHE_ROOT", os.path.join(root, "vgc"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, "inductor"))
+    import vgc
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    names = [r.strip() for r in args.only.split(",") if r.strip()] or list(ROWS)
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    if "eager" not in names:
+        names.insert(0, "eager")   # the reference for the token-match column
+    device = args.device
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    config = _shape(args.model, args.layers)
+    results = {}
+    for batch in [int(b) for b in args.batch.split(",")]:
+        base = _build(config, device, dtype)
+        generator = torch.Generator(device).manual_seed(batch)
+        prompt = torch.randint(1, config.vocab_size, (batch, args.prompt), device=device, generator=generator)
+        gen_kwargs = {"attention_mask": torch.ones_like(prompt), "max_new_tokens": args.new_tokens,
+                      "min_new_tokens": args.new_tokens, "do_sample": False}
+
+        def generate(model, kwargs):
+            with torch.no_grad():
+                out = model.generate(prompt, **gen_kwargs, **kwargs)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return out[:, args.prompt:]
+
+        built, first, reference = {}, {}, None
+        for name, make in _rows(base, names, batch).items():
+            model, kwargs = make()
+            start = time.perf_counter()
+            with vgc.counters.delta() as cold:
+                tokens = generate(model, kwargs)
+            first[name] = {"seconds": time.perf_counter() - start, "tokens": tokens,
+                           "inductor_compiles": cold["inductor_compiles"]}
+            reference = tokens if name == "eager" else reference
+            built[name] = (model, kwargs)
+            print(f"  batch {batch} {name}: first generate() {first[name]['seconds']:.2f} s", flush=True)
+        samples = {name: [] for name in built}
+        counted = {name: {} for name in built}
+        for _ in range(args.reps):   # interleaved: drift in the host or the GPU falls on every row alike
+            for name, (model, kwargs) in built.items():
+                with vgc.counters.delta() as d:
+                    start = time.perf_counter()
+                    generate(model, kwargs)
+                    samples[name].append(time.perf_counter() - start)
+                for key in ("dynamo_traces", "inductor_compiles", "cudagraph_replays", "cudagraph_captures",
+                            "eager_runs"):
+                    counted[name][key] = counted[name].get(key, 0) + d[key]
+        forward_ms = {}
+        for name, (model, kwargs) in built.items():
+            timer = _install_timer(name, model)
+            if timer is not None:
+                timer.on = True
+                generate(model, kwargs)
+                forward_ms[name] = timer.take_ms()
+        for name in built:
+            seconds = statistics.median(samples[name])
+            tokens = first[name]["tokens"]
+            same = (tokens == reference).all(0).long()
+            leading = int(same.cumprod(0).sum())
+            results.setdefault(str(batch), {})[name] = {
+                "first_s": first[name]["seconds"], "tok_s": batch * args.new_tokens / seconds,
+                "ms_per_token": 1000 * seconds / args.new_tokens, "spread_s": [min(samples[name]), max(samples[name])],
+                "decode_forward_ms": forward_ms.get(name), "leading_tokens_equal_eager": leading,
+                "after_first": counted[name]}
+        del built
+
+    print(f"\nvgc bench generate: transformers {args.model}{f' ({args.layers} layers)' if args.layers else ''} "
+          f"{str(dtype).replace('torch.', '')} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, "
+          f"torch {torch.__version__}; prompt {args.prompt}, {args.new_tokens} new tokens, median of {args.reps}")
+    header = (f"{'row':34s}{'batch':>6s}{'first s':>9s}{'tok/s':>9s}{'ms/tok':>8s}{'spread ms/tok':>15s}"
+              f"{'fwd ms':>8s}{'= eager':>8s}{'vs anchor':>10s}{'fwd vs anchor':>14s}")
+    print(header)
+    for batch, rows in results.items():
+        anchor = rows.get("anchor")
+        for name, r in rows.items():
+            lo, hi = (1000 * s / args.new_tokens for s in r["spread_s"])
+            fwd = r["decode_forward_ms"]
+            ratio = f"{r['tok_s'] / anchor['tok_s']:9.2f}x" if anchor else f"{'-':>10s}"
+            fwd_ratio = f"{anchor['decode_forward_ms'] / fwd:13.2f}x" if anchor and fwd and \
+                anchor["decode_forward_ms"] else f"{'-':>14s}"
+            print(f"{name:34s}{batch:>6s}{r['first_s']:9.2f}{r['tok_s']:9.1f}{r['ms_per_token']:8.2f}"
+                  f"{f'{lo:.2f}-{hi:.2f}':>15s}{(fwd if fwd else float('nan')):8.3f}"
+                  f"{r['leading_tokens_equal_eager']:8d}{ratio}{fwd_ratio}")
+    print("\ncounted over the timed generate() calls (after the first):")
+    for batch, rows in results.items():
+        for name, r in rows.items():
+            print(f"  batch {batch} {name}: {r['after_first']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "layers": args.layers, "torch": torch.__version__,
+                       "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                       "date": time.strftime("%Y-%m-%d"), "prompt": args.prompt, "new_tokens": args.new_tokens,
+                       "reps": args.reps, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
