@@ -406,9 +406,36 @@ def _state_sources(gm) -> dict[str, str]:
     return found
 
 
+def allow_recompiles(limit: int) -> None:
+    """Let Dynamo keep at least `limit` compiled versions of one frame (private `torch._dynamo.config`): a
+    benchmark compiles one model's forward under several strategies."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), limit))
+
+
+@contextlib.contextmanager
+def fake_propagation(fake_mode):
+    """Run ops on `fake_mode`'s tensors as Dynamo propagates them: through the Python dispatcher (private
+    `torch._dispatch.python`), so composite ops decompose in Python on symbolic sizes, and adding no guard to
+    Dynamo's shape environment (private `ShapeEnv.suppress_guards`). For re-running a traced graph only to learn
+    its pieces' input shapes. Without the Python dispatcher, torch 2.11's C++ matmul on CUDA asks for concrete
+    sizes and pins the token count of transformers' rotary embedding; the trace already holds every guard it
+    needs."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    shape_env = getattr(fake_mode, "shape_env", None)
+    with fake_mode, enable_python_dispatcher(), \
+            (shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()):
+        yield
+
+
 def fake_inputs(fake_mode, inputs: list) -> list:
-    """`inputs` with every tensor replaced by a fake tensor of `fake_mode` (sizes stay symbolic)."""
-    return [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+    """`inputs` with every tensor replaced by a fake tensor of `fake_mode` (sizes stay symbolic; a fake of another
+    mode is re-made in this one)."""
+    return [x if isinstance(x, torch.Tensor) and getattr(x, "fake_mode", None) is fake_mode
+            else fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def save_artifact(artifact, path: str, fmt: str) -> None:

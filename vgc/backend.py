@@ -82,8 +82,16 @@ def _piece_example_inputs(split_gm: fx.GraphModule, example_inputs: list) -> dic
     if fake_mode is None:  # called outside Dynamo (e.g. directly on a GraphModule): trace with real inputs
         Recorder(split_gm).run(*example_inputs)
         return recorded
-    fake_inputs = _compat.fake_inputs(fake_mode, example_inputs)
-    with fake_mode:
+    # Dynamo's own fake values where the placeholders carry them: a real tensor among the example inputs (torch
+    # 2.11's AOT capture hands some over) would become a fake of static shape, and meeting the symbolic ones it
+    # would pin their sizes.
+    placeholders = [n for n in split_gm.graph.nodes if n.op == "placeholder"]
+    traced = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+    fake_inputs = _compat.fake_inputs(fake_mode, [
+        value if isinstance(value, torch.Tensor) and _compat.is_fake(value) and isinstance(x, torch.Tensor)
+        and value.dim() == x.dim() else x
+        for x, value in zip(example_inputs, traced + [None] * (len(example_inputs) - len(traced)))])
+    with _compat.fake_propagation(fake_mode):
         Recorder(split_gm).run(*fake_inputs)
     return recorded
 
