@@ -288,3 +288,54 @@ def test_debug_mode_catches_a_full_graph_reading_a_stale_buffer(tiny, simulated_
         full_graphs._debug.calls.clear()
         with pytest.raises(RuntimeError, match="differs from the un-graphed run"):
             compiled(**llama.make_batch(cfg, 8, "decode", kv_caches=kv, seed=9))
+
+
+class _Counted(nn.Module):
+    """Scales its input by a step counter it increments in place (as transformers' StaticCache keeps one)."""
+
+    def forward(self, x, step):
+        step.add_(1)
+        return x * step
+
+
+def test_a_small_written_input_that_moves_is_mirrored_not_captured_again(simulated_cuda):
+    """transformers' StaticCache replaces its small counters on every generate() and keeps its K/V in place: such
+    an input is copied into the graph's tensor and back around each replay, instead of a capture per call site."""
+    counters = simulated_cuda
+    compiled = _dropin(_Counted(), "full", sizes=(4,))
+    x = torch.arange(4.0)
+    with torch.no_grad():
+        step = torch.zeros(1)
+        for expected in (1.0, 2.0, 3.0):   # warm-up, capture, replay
+            torch.testing.assert_close(compiled(x, step), x * expected)
+        assert counters.cudagraph_captures == 1
+        moved = torch.full((1,), 10.0)
+        with counters.expect(cudagraph_captures=0, cudagraph_replays=2, eager_runs=0):
+            torch.testing.assert_close(compiled(x, moved), x * 11)
+            torch.testing.assert_close(compiled(x, moved), x * 12)
+        assert moved.item() == 12.0                 # the caller's tensor got the write
+        with counters.expect(cudagraph_captures=0, cudagraph_replays=1):
+            torch.testing.assert_close(compiled(x, step), x * 4)   # back at the captured address
+        assert step.item() == 4.0
+
+
+def test_static_cache_generate_replays_full_graphs_on_every_call(simulated_cuda):
+    """transformers' own static-cache path with vgc: from the third generate() on nothing is captured (the first
+    captures the decode step's FULL graph, the second the prefill's piece graphs) and every decode step replays
+    the FULL graph, with eager's tokens."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        eager = model.generate(prompt, **kwargs)
+        model.forward = torch.compile(model.forward, backend="vgc", options={
+            "cudagraph_mode": "full_and_piecewise", "splitting_ops": ["aten::scaled_dot_product_attention"]})
+        outputs = [model.generate(prompt, **kwargs) for _ in range(2)]
+        with simulated_cuda.expect(cudagraph_captures=0, dynamo_traces=0, cudagraph_replays=5):
+            outputs.append(model.generate(prompt, **kwargs))
+    assert all(out.tolist() == eager.tolist() for out in outputs)

@@ -30,12 +30,16 @@ from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import (GraphRuntime, ReplaySampler, bypass_piece_graphs, capture_failure, check_replay,
-                                  frozen_gc, piece_graphs_bypassed)
+                                  paused_gc, piece_graphs_bypassed)
 
 logger = logging.getLogger("vgc")
 
 # A key whose inputs moved this many times stops being captured (each move costs a capture).
 MAX_RECAPTURES = 3
+# Inputs the graph writes that are at most this large are copied in before each replay and back after it,
+# instead of read in place: transformers' StaticCache replaces its small per-layer counters on every generate()
+# while its K/V stay put, and reading them in place made every generate() capture again.
+MIRROR_BYTES = 4096
 
 _data_ptr = torch.Tensor.data_ptr
 
@@ -45,9 +49,11 @@ class _Captured:
     graph: object
     inputs: list                 # what the graph reads: the call's arguments, copies where they are copied in
     copy_targets: list           # the graph's own buffers, refreshed from the call's arguments before each replay
+                                 # (copied inputs, then mirrored ones)
     pinned_ptrs: list[int]       # addresses of the pinned inputs at capture, in `pinned` order
     outputs: object
     moves: int = 0               # how often a pinned input of this signature moved before
+    mirror_targets: list = ()    # the graph's copies of the mirrored inputs, written back after each replay
 
 
 class _NotCaptured:
@@ -64,23 +70,31 @@ class GraphInputs:
     names: list[str]             # where Dynamo read each input, for messages
     pinned: list[int]            # weights, buffers and inputs written in place: read where they are
     copied: list[int]            # other tensors: copied into the graph's buffers
+    mirrored: list[int]          # small tensors the graph writes: copied in, and the graph's copy back out
     scalars: list[int]           # non-tensor inputs (symbolic sizes among them): part of the key
     symbolic: list[int]          # the symbolic sizes, in graph order: the first one is "the size"
     shaped: list[int]            # tensors that are not model state: their shapes are part of the key
 
     @classmethod
     def of(cls, example_inputs: list, state: list[bool], mutated: set[int], names: list[str]) -> "GraphInputs":
-        pinned, copied, scalars = [], [], []
+        pinned, copied, mirrored, scalars = [], [], [], []
         for i, value in enumerate(example_inputs):
             if not isinstance(value, torch.Tensor):
                 scalars.append(i)
+            elif i in mutated and not state[i] and _small(value):
+                mirrored.append(i)
             elif state[i] or i in mutated:
                 pinned.append(i)
             else:
                 copied.append(i)
         symbolic = [i for i in scalars if isinstance(example_inputs[i], torch.SymInt)]
         shaped = [i for i, value in enumerate(example_inputs) if isinstance(value, torch.Tensor) and not state[i]]
-        return cls(names, pinned, copied, scalars, symbolic, shaped)
+        return cls(names, pinned, copied, mirrored, scalars, symbolic, shaped)
+
+
+def _small(value: torch.Tensor) -> bool:
+    numel = value.numel()
+    return isinstance(numel, int) and numel * value.element_size() <= MIRROR_BYTES
 
 
 def full_graph_blocker(gm: fx.GraphModule) -> str | None:
@@ -121,7 +135,8 @@ class DropInGraphs:
         self.label = label
         self.entries: dict[tuple, _Captured | _NotCaptured] = {}
         self._pinned_of = _getter(inputs.pinned)
-        self._copied_of = _getter(inputs.copied)
+        self._copied_of = _getter(inputs.copied + inputs.mirrored)
+        self._mirrored_of = _getter(inputs.mirrored)
         self._key_of = _key_function(inputs)
         self._told: set[str] = set()
         self._debug = ReplaySampler()
@@ -144,6 +159,8 @@ class DropInGraphs:
             if entry.copy_targets:
                 _compat.copy_many(entry.copy_targets, self._copied_of(args))
             entry.graph.replay()
+            if entry.mirror_targets:
+                _compat.copy_many(list(self._mirrored_of(args)), entry.mirror_targets)
             counters.cudagraph_replays += 1
             if self.runtime.debug and self._debug.due(key):
                 check_replay(entry.outputs, lambda: self.forward(*args), f"sizes {_sizes(key)} of {self.label}")
@@ -190,17 +207,18 @@ class DropInGraphs:
 
     def _capture(self, key: tuple, entry: _NotCaptured, args):
         inputs = list(args)
-        for i in self.inputs.copied:
+        for i in self.inputs.copied + self.inputs.mirrored:
             inputs[i] = args[i].clone()
         try:
-            with frozen_gc(), bypass_piece_graphs():
+            with paused_gc(), bypass_piece_graphs():
                 graph, outputs = cuda_runtime.capture(lambda: self.forward(*inputs), self.runtime.pool())
         except Exception as error:   # noqa: BLE001 - any failure to capture means: run this signature piecewise
             entry.reason = "capture failed"
             self._tell(f"{self.label}: FULL CUDA graph capture failed at sizes {_sizes(key)} "
                        f"({capture_failure(error)}); that signature runs on PIECEWISE graphs")
             return self.forward(*args)
-        copied_storages = {inputs[i].untyped_storage().data_ptr(): i for i in self.inputs.copied}
+        copied_storages = {inputs[i].untyped_storage().data_ptr(): i
+                           for i in self.inputs.copied + self.inputs.mirrored}
         out_tensors = [o for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
                        if isinstance(o, torch.Tensor)]
         for out in out_tensors:
@@ -210,17 +228,22 @@ class DropInGraphs:
                 self._tell(f"{self.label}: the graph returns a view of its input {self.inputs.names[i]}, which "
                            "a FULL graph reads from a copy; it runs on PIECEWISE graphs")
                 return self.forward(*args)
-        graph.replay()   # capturing only records: this call's results come from the first replay
+        # Capturing only records: this call's results come from the first replay, and the mirrored inputs' writes
+        # go back to the caller's tensors.
+        graph.replay()
+        mirror_targets = [inputs[i] for i in self.inputs.mirrored]
+        if mirror_targets:
+            _compat.copy_many([args[i] for i in self.inputs.mirrored], mirror_targets)
         pinned = list(self._pinned_of(inputs))
-        self.entries[key] = _Captured(graph, inputs, [inputs[i] for i in self.inputs.copied],
-                                      list(map(_data_ptr, pinned)), outputs, entry.moves)
+        self.entries[key] = _Captured(graph, inputs, [inputs[i] for i in self.inputs.copied + self.inputs.mirrored],
+                                      list(map(_data_ptr, pinned)), outputs, entry.moves, mirror_targets)
         pinned_storages = {t.untyped_storage().data_ptr() for t in pinned}
         # Outputs that are views of the caller's own tensors (a KV cache) are theirs; the rest is graph memory.
         self.runtime.mark_stable(o for o in out_tensors if o.untyped_storage().data_ptr() not in pinned_storages)
         self.runtime.counters.add(cudagraph_captures=1)
         self.full_graphs += 1
-        logger.debug("%s: captured a FULL graph at sizes %s (%d inputs copied in, %d read in place)", self.label,
-                     _sizes(key), len(self.inputs.copied), len(pinned))
+        logger.debug("%s: captured a FULL graph at sizes %s (%d inputs copied in, %d copied in and out, %d read in "
+                     "place)", self.label, _sizes(key), len(self.inputs.copied), len(self.inputs.mirrored), len(pinned))
         return outputs
 
     def _moved(self, key: tuple, entry: _Captured, args):
