@@ -195,3 +195,20 @@ def test_gpu_generate_replays_full_graphs(dtype):
 def _cache_keyword(model) -> str:
     import inspect
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def test_bench_generate_runs_on_the_cpu(tmp_path):
+    """`vgc bench generate` end to end on the tiny shape: the integration's tokens equal eager's, and its timed
+    generate() calls trace and compile nothing."""
+    import json
+
+    from vgc.bench import generate as bench
+
+    out = tmp_path / "generate.json"
+    assert bench.main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--prompt", "8", "--new-tokens", "4",
+                       "--reps", "1", "--only", "vgc integration", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    row = report["results"]["2"]["vgc integration"]
+    assert report["failed"] == {}
+    assert row["leading_tokens_equal_eager"] == 4
+    assert row["after_first"]["dynamo_traces"] == 0 and row["after_first"]["inductor_compiles"] == 0

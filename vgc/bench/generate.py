@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     config = _shape(args.model, args.layers)
-    results = {}
+    results, failed = {}, {}
     for batch in [int(b) for b in args.batch.split(",")]:
         base = _build(config, device, dtype)
         generator = torch.Generator(device).manual_seed(batch)
@@ -182,10 +182,16 @@ def main(argv: list[str] | None = None) -> int:
 
         built, first, reference = {}, {}, None
         for name, make in _rows(base, names, batch).items():
-            model, kwargs = make()
             start = time.perf_counter()
-            with vgc.counters.delta() as cold:
-                tokens = generate(model, kwargs)
+            try:
+                model, kwargs = make()
+                with vgc.counters.delta() as cold:
+                    tokens = generate(model, kwargs)
+            except Exception as error:   # noqa: BLE001 - a row that fails is reported; the others still run
+                failed.setdefault(str(batch), {})[name] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+                print(f"  batch {batch} {name}: FAILED ({failed[str(batch)][name]})", flush=True)
+                torch.compiler.reset()
+                continue
             first[name] = {"seconds": time.perf_counter() - start, "tokens": tokens,
                            "inductor_compiles": cold["inductor_compiles"]}
             reference = tokens if name == "eager" else reference
@@ -238,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:34s}{batch:>6s}{r['first_s']:9.2f}{r['tok_s']:9.1f}{r['ms_per_token']:8.2f}"
                   f"{f'{lo:.2f}-{hi:.2f}':>15s}{(fwd if fwd else float('nan')):8.3f}"
                   f"{r['leading_tokens_equal_eager']:8d}{ratio}{fwd_ratio}")
+    for batch, rows in failed.items():
+        for name, why in rows.items():
+            print(f"{name:34s}{batch:>6s}  FAILED: {why}")
     print("\ncounted over the timed generate() calls (after the first):")
     for batch, rows in results.items():
         for name, r in rows.items():
@@ -247,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"model": args.model, "layers": args.layers, "torch": torch.__version__,
                        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                        "date": time.strftime("%Y-%m-%d"), "prompt": args.prompt, "new_tokens": args.new_tokens,
-                       "reps": args.reps, "results": results}, f, indent=1)
+                       "reps": args.reps, "results": results, "failed": failed}, f, indent=1)
     return 0
 
 

@@ -246,7 +246,7 @@ def fuse_sibling_linears(split_gm: fx.GraphModule, pieces: list, piece_inputs: d
             fused_values = [torch.cat([values[position[p]] for p in parts]) for parts in replaced]
         trial_inputs = [values[i] for i in kept] + fused_values
         try:
-            with fake_mode:
+            with _compat.fake_propagation(fake_mode):   # as Dynamo propagates: no size of the trace gets pinned
                 _record_values(module, trial_inputs)
         except Exception as error:   # noqa: BLE001 - any failure means: leave this piece as it was
             logger.debug("%s: sibling linears left unfused (%s: %s)", piece.name, type(error).__name__, error)
