@@ -22,7 +22,8 @@ def _causal_lm():
 
 def _generate(model, **kwargs):
     with torch.no_grad():
-        return model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, **kwargs)
+        return model.generate(PROMPT, **{"max_new_tokens": NEW_TOKENS, "do_sample": False, "pad_token_id": 0,
+                                         **kwargs})
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -42,3 +43,22 @@ def test_dropin_generate_equals_eager_token_for_token(no_cache):
     compiled = _generate(model)
     assert compiled.tolist() == eager.tolist()
     assert compiled.shape[1] == PROMPT.shape[1] + NEW_TOKENS
+
+
+def test_dropin_decode_on_the_dynamic_cache_replays_piece_graphs(simulated_cuda):
+    """On transformers' default dynamic cache the KV length grows every step. The cache update and the mask,
+    which follow it, run beside attention, so the compiled pieces keep one shape and their piece graphs replay on
+    every decode step (CPU stand-in for capture), with eager's tokens."""
+    model = _causal_lm()
+    eager = _generate(model, max_new_tokens=8)
+    model.forward = torch.compile(model.forward, backend="vgc", options={
+        "cudagraph_mode": "piecewise", "splitting_ops": ["aten::scaled_dot_product_attention"]})
+    outputs = []
+    for _ in range(3):
+        with vgc.counters.delta() as calls:
+            outputs.append(_generate(model, max_new_tokens=8))
+    assert all(out.tolist() == eager.tolist() for out in outputs)
+    assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0 and calls["cudagraph_captures"] == 0
+    # From the third generate() on (each signature captures on its second call), all 8 calls (the prefill and 7
+    # decode steps at 7 KV lengths) replay the graphs of the 3 compiled pieces (2 layers).
+    assert calls["cudagraph_replays"] == 3 * 8, dict(calls)

@@ -184,6 +184,90 @@ def _move_input_views_to_their_splitting_piece(gm: fx.GraphModule, partition: di
                 first_user.prepend(node)
 
 
+def _symbols(value) -> set:
+    """The free symbols of a traced value: a tensor's sizes, or a symbolic int."""
+    if isinstance(value, torch.Tensor):
+        return set().union(*(d.node.expr.free_symbols for d in value.shape if isinstance(d, torch.SymInt)))
+    if isinstance(value, torch.SymInt):
+        return set(value.node.expr.free_symbols)
+    return set()
+
+
+def _leading_symbols(gm: fx.GraphModule) -> set | None:
+    """The symbols of the first tensor input that is not a weight or buffer (the tokens, in a language model):
+    the sizes compiled pieces are meant to follow. None for a graph without traced values."""
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = _compat.traced_value(node)
+        source = _compat.placeholder_source_name(node)
+        if isinstance(value, torch.Tensor) and "_parameters[" not in source and "_buffers[" not in source:
+            return _symbols(value)
+    return None
+
+
+def _move_other_sizes_to_their_splitting_piece(gm: fx.GraphModule, partition: dict, splitting_ids: set) -> None:
+    """Work whose shape follows another size than the leading input's, done only for splitting ops (and the
+    graph's outputs), moves into the splitting piece that first needs it.
+
+    In a decode step on transformers' dynamic cache the tokens' shape is fixed and the KV length grows every
+    step: the cache update (`torch.cat` of past and new K/V) and the attention mask follow the KV length and
+    feed only attention. Run eagerly beside attention, they leave the compiled pieces with the tokens' sizes
+    alone, so their piece graphs replay whatever the KV length. Projections and everything else the compiled
+    pieces compute stay where they are: their shapes follow the tokens. Moved nodes go right before their first
+    user in the graph, so that pieces still run in order.
+    """
+    leading = _leading_symbols(gm)
+    if leading is None:
+        return
+    for node in reversed(list(gm.graph.nodes)):
+        # Dynamo leaves unused size arithmetic (`keys.numel()` of transformers' cache, a `sym_sum` of lengths):
+        # it has no effect, but would make a compiled piece take the other size as an input.
+        if node.op in ("call_function", "call_method") and not node.users and \
+                isinstance(_compat.traced_value(node), torch.SymInt) and _symbols(_compat.traced_value(node)) - leading:
+            gm.graph.erase_node(node)
+            partition.pop(node, None)
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+
+    def other_sizes(node) -> bool:
+        if _symbols(_compat.traced_value(node)) - leading:
+            return True   # its shape (or its value, a size) follows another size
+        # A tensor of fixed shape made from another size (`torch.arange(past, past + 1)`) follows it too.
+        return any(isinstance(a, fx.Node) and isinstance(_compat.traced_value(a), torch.SymInt) and
+                   _symbols(_compat.traced_value(a)) - leading for a in node.all_input_nodes)
+
+    target: dict[fx.Node, int] = {}
+    def whole(node) -> bool:   # a tuple and its items stay together
+        producer = node.args[0] if node.args else None
+        return isinstance(_compat.traced_value(node), (tuple, list)) or (
+            node.target is operator.getitem and isinstance(producer, fx.Node) and
+            isinstance(_compat.traced_value(producer), (tuple, list)))
+
+    for node in reversed(nodes):   # users first
+        if partition.get(node) in splitting_ids or whole(node) or not other_sizes(node):
+            continue
+        wanted = set()
+        for user in node.users:
+            if user.op == "output":
+                continue
+            part = target.get(user, partition.get(user))
+            if part not in splitting_ids:
+                wanted = None
+                break
+            wanted.add(part)
+        if wanted and min(wanted) >= partition[node]:
+            target[node] = min(wanted)
+    if not target:
+        return
+    position = _position(gm)
+    for node in sorted(target, key=position, reverse=True):   # users first, so chains move together
+        partition[node] = target[node]
+        first_user = min((u for u in node.users if u.op != "output"), key=_position(gm))
+        first_user.prepend(node)
+    logger.debug("%d nodes whose shapes follow another size than the leading input's run with attention",
+                 len(target))
+
+
 def _position(gm: fx.GraphModule):
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     return order.__getitem__
@@ -216,6 +300,8 @@ def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphM
         partition[node] = current
         current_used = True
     _move_input_views_to_their_splitting_piece(gm, partition, splitting_ids)
+    if splitting_ids:
+        _move_other_sizes_to_their_splitting_piece(gm, partition, splitting_ids)
     split_gm = _compat.split_module(gm, partition)
     pieces = []
     for name, module in split_gm.named_children():
