@@ -107,10 +107,11 @@ def reserved_bytes(device) -> int:
 
 
 @contextlib.contextmanager
-def frozen_gc():
-    """No garbage collection while capturing: a collection can free memory a graph is being recorded into."""
-    gc.collect()
-    gc.freeze()
+def paused_gc():
+    """No garbage collection while capturing (a collection can free memory a graph is being recorded into), and
+    no collection first: for captures made while serving (drop-in graphs capture on a signature's second call),
+    where a full collection of a process holding Dynamo's and Inductor's objects stalls the call for a large
+    fraction of a second (0.6 s measured on the CPU stand-in)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -118,21 +119,18 @@ def frozen_gc():
     finally:
         if was_enabled:
             gc.enable()
-        gc.unfreeze()
 
 
 @contextlib.contextmanager
-def paused_gc():
-    """No garbage collection while capturing, and no collection first: for captures made while serving (drop-in
-    graphs capture on a signature's second call), where a full collection of a process holding Dynamo's and
-    Inductor's objects stalls the call for a large fraction of a second (0.6 s measured on the CPU stand-in)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+def frozen_gc():
+    """`paused_gc` around a warm-up's whole capture loop, after one collection whose survivors are frozen."""
+    gc.collect()
+    gc.freeze()
     try:
-        yield
+        with paused_gc():
+            yield
     finally:
-        if was_enabled:
-            gc.enable()
+        gc.unfreeze()
 
 
 class ReplaySampler:

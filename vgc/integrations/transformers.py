@@ -309,10 +309,11 @@ class GenerationEngine:
         """One token per row, all on the device: no host sync. A token whose mask is 0 still runs, but its row's
         length does not grow, so its K/V are never read (the next real token overwrites them)."""
         batch, positions = cache.batch, cache.lens
-        cache.lens = positions + (1 if new is None else new.view(batch))
+        lens = positions + (1 if new is None else new.view(batch))
         logits = self.compiled(**self._flat(ids, positions, self.row_start[:batch] + positions,
-                                            self.block_table[:batch], cache.lens, self._offsets[:batch + 1],
+                                            self.block_table[:batch], lens, self._offsets[:batch + 1],
                                             self._rows[:batch]))
+        cache.lens = lens   # only once the step ran: a refused call leaves the cache as it was
         return logits[:batch].unsqueeze(1)
 
     def _prefill(self, cache: VgcCache, input_ids: torch.Tensor, new: torch.Tensor | None,
@@ -325,12 +326,13 @@ class GenerationEngine:
         counts = real.sum(1)
         flat_positions = positions[real]
         offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
-        cache.lens = cache.lens + counts
+        lens = cache.lens + counts
         logits_indices = torch.arange(flat_positions.shape[0], device=self.device) if keep_all else \
             (offsets[1:].long() - 1).clamp(min=0)
         logits = self.compiled(**self._flat(input_ids[real], flat_positions,
                                             self.row_start[rows[real]] + flat_positions, self.block_table[:batch],
-                                            cache.lens, offsets, logits_indices))
+                                            lens, offsets, logits_indices))
+        cache.lens = lens
         if not keep_all:
             return logits[:batch].unsqueeze(1)
         out = logits.new_zeros(batch, columns, logits.shape[-1])
