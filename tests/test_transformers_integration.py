@@ -212,3 +212,26 @@ def test_bench_generate_runs_on_the_cpu(tmp_path):
     assert report["failed"] == {}
     assert row["leading_tokens_equal_eager"] == 4
     assert row["after_first"]["dynamo_traces"] == 0 and row["after_first"]["inductor_compiles"] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_dropin_on_the_dynamic_cache_replays_piece_graphs():
+    """Drop-in on transformers' default dynamic cache, split at SDPA: decode steps replay piece graphs at every
+    KV length, with eager's tokens (fp32)."""
+    torch.manual_seed(0)
+    eager = FAMILIES["llama"]().eval().cuda()
+    model = FAMILIES["llama"]().eval().cuda()
+    model.load_state_dict(eager.state_dict())
+    for m in (eager, model):
+        m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
+    model.forward = torch.compile(model.forward, backend="vgc", options={
+        "splitting_ops": ["aten::scaled_dot_product_attention"]})   # PIECEWISE: the default on CUDA
+    prompts, mask = PROMPTS.cuda(), MASK.cuda()
+    want = _generate(eager, prompts, mask)
+    for _ in range(2):
+        _generate(model, prompts, mask)
+    with vgc.counters.delta() as calls:
+        got = _generate(model, prompts, mask)
+    assert got.tolist() == want.tolist()
+    assert calls["dynamo_traces"] == 0 and calls["cudagraph_captures"] == 0, calls
+    assert calls["cudagraph_replays"] >= 15 * 3, calls   # 15 decode steps, 3 compiled pieces each
