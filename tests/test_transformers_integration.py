@@ -103,7 +103,7 @@ def test_prefill_logits_of_every_real_token_equal_eager():
         want = eager(PROMPTS, attention_mask=MASK).logits
         cache = vgc_transformers.VgcCache(model.vgc)
         got = model(PROMPTS, attention_mask=MASK, logits_to_keep=0,
-                    **{_cache_keyword(model): cache}).logits
+                    **{model.vgc.cache_keyword: cache}).logits
     real = MASK.bool()
     torch.testing.assert_close(got[real], want[real], atol=2e-5, rtol=2e-5)
     assert cache.get_seq_length() == PROMPTS.shape[1]
@@ -118,7 +118,7 @@ def test_calls_vgc_does_not_serve_run_eagerly_on_the_original_attention():
         got = model(PROMPTS, attention_mask=MASK).logits   # a plain forward: no vgc cache
         want = eager(PROMPTS, attention_mask=MASK).logits
         dynamic = transformers.DynamicCache(config=model.config)
-        tokens = _generate(model, **{_cache_keyword(model): dynamic}, max_new_tokens=4)
+        tokens = _generate(model, **{model.vgc.cache_keyword: dynamic}, max_new_tokens=4)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
     assert tokens.tolist() == _generate(eager, max_new_tokens=4).tolist()
     assert calls["eager_runs"] == 5 and calls["dynamo_traces"] == 0
@@ -191,27 +191,6 @@ def test_gpu_generate_replays_full_graphs(dtype):
     else:   # bf16: near-ties may flip late tokens
         assert got[:, PROMPTS.shape[1]:][:, :4].tolist() == want[:, PROMPTS.shape[1]:][:, :4].tolist()
 
-
-def _cache_keyword(model) -> str:
-    import inspect
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-
-
-def test_bench_generate_runs_on_the_cpu(tmp_path):
-    """`vgc bench generate` end to end on the tiny shape: the integration's tokens equal eager's, and its timed
-    generate() calls trace and compile nothing."""
-    import json
-
-    from vgc.bench import generate as bench
-
-    out = tmp_path / "generate.json"
-    assert bench.main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--prompt", "8", "--new-tokens", "4",
-                       "--reps", "1", "--only", "vgc integration", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    row = report["results"]["2"]["vgc integration"]
-    assert report["failed"] == {}
-    assert row["leading_tokens_equal_eager"] == 4
-    assert row["after_first"]["dynamo_traces"] == 0 and row["after_first"]["inductor_compiles"] == 0
 
 
 @pytest.mark.gpu

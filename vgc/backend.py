@@ -29,7 +29,7 @@ from vgc.ops.collectives import collective_calls
 from vgc.passes.manager import pass_manager
 from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
 from vgc.piecewise import CompiledPiece
-from vgc.split import Piece, attention_like_ops, check_splitting_ops, split_graph
+from vgc.split import Piece, attention_like_ops, check_splitting_ops, is_model_state, split_graph
 
 logger = logging.getLogger("vgc")
 
@@ -96,16 +96,10 @@ def _piece_example_inputs(split_gm: fx.GraphModule, example_inputs: list) -> dic
     return recorded
 
 
-def _is_model_state(node: fx.Node, value) -> bool:
-    """The graph input is one of the model's weights or buffers: its address never changes."""
-    name = _compat.placeholder_source_name(node)
-    return isinstance(value, torch.nn.Parameter) or "_parameters[" in name or "_buffers[" in name
-
-
 def _module_state_arguments(split_gm: fx.GraphModule, example_inputs: list) -> dict[str, list[bool]]:
     """Per piece, which arguments are the model's weights or buffers (fused weights included)."""
     placeholders = [n for n in split_gm.graph.nodes if n.op == "placeholder"]
-    state = {node: _is_model_state(node, value) for node, value in zip(placeholders, example_inputs)}
+    state = {node: is_model_state(node, value) for node, value in zip(placeholders, example_inputs)}
     state.update((node, True) for node in split_gm.graph.nodes if is_fused_weight(node))
     return {node.target: [isinstance(a, fx.Node) and state.get(a, False) for a in node.args]
             for node in split_gm.graph.nodes if node.op == "call_module"}
@@ -338,7 +332,7 @@ class VgcBackend:
                                                                     CUDAGraphMode.FULL_AND_PIECEWISE):
             return None
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        state = [_is_model_state(node, value) for node, value in zip(placeholders, example_inputs)]
+        state = [is_model_state(node, value) for node, value in zip(placeholders, example_inputs)]
         inputs = GraphInputs.of(example_inputs, state, mutated_inputs(gm),
                                 [_compat.placeholder_source_name(node) or node.name for node in placeholders])
         compile_id = _compat.dynamo_compile_id()   # each drop-in graph has a backend of its own: name it as torch does

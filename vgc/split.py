@@ -193,6 +193,12 @@ def _symbols(value) -> set:
     return set()
 
 
+def is_model_state(node: fx.Node, value) -> bool:
+    """The graph input is one of the model's weights or buffers: its address never changes."""
+    name = _compat.placeholder_source_name(node)
+    return isinstance(value, torch.nn.Parameter) or "_parameters[" in name or "_buffers[" in name
+
+
 def _leading_symbols(gm: fx.GraphModule) -> set | None:
     """The symbols of the first tensor input that is not a weight or buffer (the tokens, in a language model):
     the sizes compiled pieces are meant to follow. None for a graph without traced values."""
@@ -200,8 +206,7 @@ def _leading_symbols(gm: fx.GraphModule) -> set | None:
         if node.op != "placeholder":
             continue
         value = _compat.traced_value(node)
-        source = _compat.placeholder_source_name(node)
-        if isinstance(value, torch.Tensor) and "_parameters[" not in source and "_buffers[" not in source:
+        if isinstance(value, torch.Tensor) and not is_model_state(node, value):
             return _symbols(value)
     return None
 
@@ -223,8 +228,9 @@ def _move_other_sizes_to_their_splitting_piece(gm: fx.GraphModule, partition: di
     for node in reversed(list(gm.graph.nodes)):
         # Dynamo leaves unused size arithmetic (`keys.numel()` of transformers' cache, a `sym_sum` of lengths):
         # it has no effect, but would make a compiled piece take the other size as an input.
-        if node.op in ("call_function", "call_method") and not node.users and \
-                isinstance(_compat.traced_value(node), torch.SymInt) and _symbols(_compat.traced_value(node)) - leading:
+        value = _compat.traced_value(node)
+        if node.op in ("call_function", "call_method") and not node.users and isinstance(value, torch.SymInt) \
+                and _symbols(value) - leading:
             gm.graph.erase_node(node)
             partition.pop(node, None)
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
@@ -236,13 +242,13 @@ def _move_other_sizes_to_their_splitting_piece(gm: fx.GraphModule, partition: di
         return any(isinstance(a, fx.Node) and isinstance(_compat.traced_value(a), torch.SymInt) and
                    _symbols(_compat.traced_value(a)) - leading for a in node.all_input_nodes)
 
-    target: dict[fx.Node, int] = {}
     def whole(node) -> bool:   # a tuple and its items stay together
         producer = node.args[0] if node.args else None
         return isinstance(_compat.traced_value(node), (tuple, list)) or (
             node.target is operator.getitem and isinstance(producer, fx.Node) and
             isinstance(_compat.traced_value(producer), (tuple, list)))
 
+    target: dict[fx.Node, int] = {}
     for node in reversed(nodes):   # users first
         if partition.get(node) in splitting_ids or whole(node) or not other_sizes(node):
             continue

@@ -235,6 +235,8 @@ class GenerationEngine:
             FlatModel(model, max_cache_len), config=_config(config, device, max_batch_size),
             dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=_is_decode)
         self._active: weakref.ref | None = None
+        # The keyword generate() passes the cache under: `past_key_values` in transformers 5.17, `cache` later.
+        self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     # ---- warm-up ----
     def warmup(self) -> dict[str, Any]:
@@ -264,7 +266,8 @@ class GenerationEngine:
         rows = self._rows[torch.arange(n, device=self.device) % self.max_batch_size]
         zeros = torch.zeros(n, dtype=torch.long, device=self.device)
         return self._flat(zeros, zeros, self.row_start[rows], self.block_table[rows], zeros + 1,
-                          torch.arange(n + 1, dtype=torch.int32, device=self.device), torch.arange(n, device=self.device))
+                          torch.arange(n + 1, dtype=torch.int32, device=self.device),
+                          torch.arange(n, device=self.device))
 
     def _flat(self, input_ids, positions, slot_mapping, block_table, seq_lens, query_start_loc, logits_indices):
         return {"input_ids": input_ids, "positions": positions, "kv_caches": self.kv_caches,
@@ -372,7 +375,7 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     engine = GenerationEngine(model, max_batch_size=max_batch_size, max_cache_len=max_cache_len,
                               block_size=block_size, config=config)
     forward, generate = model.forward, model.generate
-    cache_name = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    cache_name = engine.cache_keyword
     _set_attention(model, ATTENTION)
 
     @functools.wraps(forward)
