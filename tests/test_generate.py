@@ -9,6 +9,8 @@ import vgc
 transformers = pytest.importorskip("transformers")
 
 PROMPT = torch.tensor([[5, 17, 42, 8, 99, 3]])
+PADDED = torch.tensor([[5, 17, 42, 8, 99, 3], [0, 0, 7, 8, 9, 10], [0, 0, 0, 0, 1, 2]])
+PADDED_MASK = (torch.arange(6)[None] >= torch.tensor([[0], [2], [4]])).long()
 NEW_TOKENS = 5
 
 
@@ -20,9 +22,9 @@ def _causal_lm():
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def _generate(model, **kwargs):
+def _generate(model, inputs=PROMPT, **kwargs):
     with torch.no_grad():
-        return model.generate(PROMPT, **{"max_new_tokens": NEW_TOKENS, "do_sample": False, "pad_token_id": 0,
+        return model.generate(inputs, **{"max_new_tokens": NEW_TOKENS, "do_sample": False, "pad_token_id": 0,
                                          **kwargs})
 
 
@@ -48,15 +50,17 @@ def test_dropin_generate_equals_eager_token_for_token(no_cache):
 def test_dropin_decode_on_the_dynamic_cache_replays_piece_graphs(simulated_cuda):
     """On transformers' default dynamic cache the KV length grows every step. The cache update and the mask,
     which follow it, run beside attention, so the compiled pieces keep one shape and their piece graphs replay on
-    every decode step (CPU stand-in for capture), with eager's tokens."""
+    every decode step (CPU stand-in for capture), with eager's tokens. Three left-padded rows: the padding mask
+    and the index tensors transformers builds it from follow the KV length too."""
     model = _causal_lm()
-    eager = _generate(model, max_new_tokens=8)
+    kwargs = {"max_new_tokens": 8, "attention_mask": PADDED_MASK}
+    eager = _generate(model, inputs=PADDED, **kwargs)
     model.forward = torch.compile(model.forward, backend="vgc", options={
         "cudagraph_mode": "piecewise", "splitting_ops": ["aten::scaled_dot_product_attention"]})
     outputs = []
     for _ in range(3):
         with vgc.counters.delta() as calls:
-            outputs.append(_generate(model, max_new_tokens=8))
+            outputs.append(_generate(model, inputs=PADDED, **kwargs))
     assert all(out.tolist() == eager.tolist() for out in outputs)
     assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0 and calls["cudagraph_captures"] == 0
     # From the third generate() on (each signature captures on its second call), all 8 calls (the prefill and 7

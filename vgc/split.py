@@ -248,9 +248,16 @@ def _move_other_sizes_to_their_splitting_piece(gm: fx.GraphModule, partition: di
             node.target is operator.getitem and isinstance(producer, fx.Node) and
             isinstance(_compat.traced_value(producer), (tuple, list)))
 
+    # What is made only from such work follows it too: transformers' mask builds its index tensors from a
+    # constant `arange(batch)` and an `arange(1) + past`, and a `new_ones(())` of one of them. Left behind, they
+    # would make the compiled piece take the KV length as an input and dispatch on it every step.
+    follows: set[fx.Node] = set()
+    for node in nodes:
+        if other_sizes(node) or all(a in follows for a in node.all_input_nodes):
+            follows.add(node)
     target: dict[fx.Node, int] = {}
     for node in reversed(nodes):   # users first
-        if partition.get(node) in splitting_ids or whole(node) or not other_sizes(node):
+        if partition.get(node) in splitting_ids or whole(node) or node not in follows:
             continue
         wanted = set()
         for user in node.users:

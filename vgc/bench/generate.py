@@ -16,7 +16,8 @@ Rows (each on its own copy of the model; vgc's fusion pass rebinds weights):
 Columns: `first s` (the row's first generate(): compile, capture and one generate; the bench starts with empty
 vgc and Inductor caches), new tokens/s and ms per token (median of `--reps` generate() calls, the rows
 interleaved: A, B, C, A, B, C, ...), the decode forward alone (CUDA events around each one-token model call, in
-separate generate() calls so the events do not slow the timed ones), and how many leading new tokens equal
+separate generate() calls so the events do not slow the timed ones), the host µs that call takes to return (what
+the host spends launching one decode step: the anchor's cudagraph-tree replay against vgc's), and how many leading new tokens equal
 eager's (bf16 with random weights diverges on near-ties: exact equality is what the fp32 CPU tests check).
 """
 
@@ -71,10 +72,11 @@ def _build(config, device: str, dtype: torch.dtype):
 
 
 class _ForwardTimer:
-    """CUDA events around each one-token call of a callable (a decode step); bypassed when `on` is False."""
+    """CUDA events around each one-token call of a callable (a decode step), and the host time the call takes
+    to return (launches only: nothing waits for the GPU); bypassed when `on` is False."""
 
     def __init__(self, fn):
-        self.fn, self.on, self.events = fn, False, []
+        self.fn, self.on, self.events, self.host = fn, False, [], []
 
     def __call__(self, *args, **kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -82,16 +84,22 @@ class _ForwardTimer:
             return self.fn(*args, **kwargs)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        began = time.perf_counter()
         out = self.fn(*args, **kwargs)
+        self.host.append(time.perf_counter() - began)
         end.record()
         self.events.append((start, end))
         return out
 
-    def take_ms(self) -> float:
+    def take(self) -> tuple[float, float]:
+        """(median GPU ms, median host µs) per call since the last take."""
         torch.cuda.synchronize()
         times = [s.elapsed_time(e) for s, e in self.events]
-        self.events = []
-        return statistics.median(times) if times else float("nan")
+        host = self.host
+        self.events, self.host = [], []
+        if not times:
+            return float("nan"), float("nan")
+        return statistics.median(times), 1e6 * statistics.median(host)
 
 
 def _rows(base, names: list[str], batch: int):
@@ -208,13 +216,13 @@ def main(argv: list[str] | None = None) -> int:
                 for key in ("dynamo_traces", "inductor_compiles", "cudagraph_replays", "cudagraph_captures",
                             "eager_runs"):
                     counted[name][key] = counted[name].get(key, 0) + d[key]
-        forward_ms = {}
+        forward_ms, host_us = {}, {}
         for name, (model, kwargs) in built.items():
             timer = _install_timer(name, model)
             if timer is not None:
                 timer.on = True
                 generate(model, kwargs)
-                forward_ms[name] = timer.take_ms()
+                forward_ms[name], host_us[name] = timer.take()
         for name in built:
             seconds = statistics.median(samples[name])
             tokens = first[name]["tokens"]
@@ -223,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault(str(batch), {})[name] = {
                 "first_s": first[name]["seconds"], "tok_s": batch * args.new_tokens / seconds,
                 "ms_per_token": 1000 * seconds / args.new_tokens, "spread_s": [min(samples[name]), max(samples[name])],
-                "decode_forward_ms": forward_ms.get(name), "leading_tokens_equal_eager": leading,
+                "decode_forward_ms": forward_ms.get(name), "decode_host_us": host_us.get(name),
+                "leading_tokens_equal_eager": leading,
                 "after_first": counted[name]}
         del built
 
@@ -231,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{str(dtype).replace('torch.', '')} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, "
           f"torch {torch.__version__}; prompt {args.prompt}, {args.new_tokens} new tokens, median of {args.reps}")
     header = (f"{'row':34s}{'batch':>6s}{'first s':>9s}{'tok/s':>9s}{'ms/tok':>8s}{'spread ms/tok':>15s}"
-              f"{'fwd ms':>8s}{'= eager':>8s}{'vs anchor':>10s}{'fwd vs anchor':>14s}")
+              f"{'fwd ms':>8s}{'host us':>8s}{'= eager':>8s}{'vs anchor':>10s}{'fwd vs anchor':>14s}")
     print(header)
     for batch, rows in results.items():
         anchor = rows.get("anchor")
@@ -243,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 anchor["decode_forward_ms"] else f"{'-':>14s}"
             print(f"{name:34s}{batch:>6s}{r['first_s']:9.2f}{r['tok_s']:9.1f}{r['ms_per_token']:8.2f}"
                   f"{f'{lo:.2f}-{hi:.2f}':>15s}{(fwd if fwd else float('nan')):8.3f}"
+                  f"{(r['decode_host_us'] if r['decode_host_us'] else float('nan')):8.0f}"
                   f"{r['leading_tokens_equal_eager']:8d}{ratio}{fwd_ratio}")
     for batch, rows in failed.items():
         for name, why in rows.items():
