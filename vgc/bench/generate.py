@@ -144,6 +144,42 @@ def _install_timer(name: str, model) -> _ForwardTimer | None:
     return timer
 
 
+def _report(args, dtype, device, results: dict, failed: dict) -> None:
+    print(f"\nvgc bench generate: transformers {args.model}{f' ({args.layers} layers)' if args.layers else ''} "
+          f"{str(dtype).replace('torch.', '')} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, "
+          f"torch {torch.__version__}; prompt {args.prompt}, {args.new_tokens} new tokens, median of {args.reps}")
+    header = (f"{'row':34s}{'batch':>6s}{'first s':>9s}{'tok/s':>9s}{'ms/tok':>8s}{'spread ms/tok':>15s}"
+              f"{'fwd ms':>8s}{'host us':>8s}{'= eager':>8s}{'vs anchor':>10s}{'fwd vs anchor':>14s}")
+    print(header)
+    for batch, rows in results.items():
+        anchor = rows.get("anchor")
+        for name, r in rows.items():
+            lo, hi = (1000 * s / args.new_tokens for s in r["spread_s"])
+            fwd = r["decode_forward_ms"]
+            ratio = f"{r['tok_s'] / anchor['tok_s']:9.2f}x" if anchor else f"{'-':>10s}"
+            fwd_ratio = f"{anchor['decode_forward_ms'] / fwd:13.2f}x" if anchor and fwd and \
+                anchor["decode_forward_ms"] else f"{'-':>14s}"
+            print(f"{name:34s}{batch:>6s}{r['first_s']:9.2f}{r['tok_s']:9.1f}{r['ms_per_token']:8.2f}"
+                  f"{f'{lo:.2f}-{hi:.2f}':>15s}{(fwd if fwd else float('nan')):8.3f}"
+                  f"{(r['decode_host_us'] if r['decode_host_us'] else float('nan')):8.0f}"
+                  f"{r['leading_tokens_equal_eager']:8d}{ratio}{fwd_ratio}")
+    for batch, rows in failed.items():
+        for name, why in rows.items():
+            print(f"{name:34s}{batch:>6s}  FAILED: {why}")
+    print("\ncounted over the timed generate() calls (after the first):")
+    for batch, rows in results.items():
+        for name, r in rows.items():
+            print(f"  batch {batch} {name}: {r['after_first']}")
+
+
+def _write_json(args, device, results: dict, failed: dict) -> None:
+    with open(args.json, "w") as f:
+        json.dump({"model": args.model, "layers": args.layers, "torch": torch.__version__,
+                   "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                   "date": time.strftime("%Y-%m-%d"), "prompt": args.prompt, "new_tokens": args.new_tokens,
+                   "reps": args.reps, "results": results, "failed": failed}, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vgc bench generate")
     parser.add_argument("--model", choices=MODELS, default="llama_1b")
@@ -235,38 +271,12 @@ def main(argv: list[str] | None = None) -> int:
                 "leading_tokens_equal_eager": leading,
                 "after_first": counted[name]}
         del built
+        # Each batch's table as soon as it is done (and the JSON so far): a run cut short keeps what it measured.
+        _report(args, dtype, device, {str(batch): results.get(str(batch), {})},
+                {str(batch): failed.get(str(batch), {})})
+        if args.json:
+            _write_json(args, device, results, failed)
 
-    print(f"\nvgc bench generate: transformers {args.model}{f' ({args.layers} layers)' if args.layers else ''} "
-          f"{str(dtype).replace('torch.', '')} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, "
-          f"torch {torch.__version__}; prompt {args.prompt}, {args.new_tokens} new tokens, median of {args.reps}")
-    header = (f"{'row':34s}{'batch':>6s}{'first s':>9s}{'tok/s':>9s}{'ms/tok':>8s}{'spread ms/tok':>15s}"
-              f"{'fwd ms':>8s}{'host us':>8s}{'= eager':>8s}{'vs anchor':>10s}{'fwd vs anchor':>14s}")
-    print(header)
-    for batch, rows in results.items():
-        anchor = rows.get("anchor")
-        for name, r in rows.items():
-            lo, hi = (1000 * s / args.new_tokens for s in r["spread_s"])
-            fwd = r["decode_forward_ms"]
-            ratio = f"{r['tok_s'] / anchor['tok_s']:9.2f}x" if anchor else f"{'-':>10s}"
-            fwd_ratio = f"{anchor['decode_forward_ms'] / fwd:13.2f}x" if anchor and fwd and \
-                anchor["decode_forward_ms"] else f"{'-':>14s}"
-            print(f"{name:34s}{batch:>6s}{r['first_s']:9.2f}{r['tok_s']:9.1f}{r['ms_per_token']:8.2f}"
-                  f"{f'{lo:.2f}-{hi:.2f}':>15s}{(fwd if fwd else float('nan')):8.3f}"
-                  f"{(r['decode_host_us'] if r['decode_host_us'] else float('nan')):8.0f}"
-                  f"{r['leading_tokens_equal_eager']:8d}{ratio}{fwd_ratio}")
-    for batch, rows in failed.items():
-        for name, why in rows.items():
-            print(f"{name:34s}{batch:>6s}  FAILED: {why}")
-    print("\ncounted over the timed generate() calls (after the first):")
-    for batch, rows in results.items():
-        for name, r in rows.items():
-            print(f"  batch {batch} {name}: {r['after_first']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": args.model, "layers": args.layers, "torch": torch.__version__,
-                       "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                       "date": time.strftime("%Y-%m-%d"), "prompt": args.prompt, "new_tokens": args.new_tokens,
-                       "reps": args.reps, "results": results, "failed": failed}, f, indent=1)
     return 0
 
 
