@@ -50,19 +50,20 @@ def test_dropin_generate_equals_eager_token_for_token(no_cache):
 def test_dropin_decode_on_the_dynamic_cache_replays_piece_graphs(simulated_cuda):
     """On transformers' default dynamic cache the KV length grows every step. The cache update and the mask,
     which follow it, run beside attention, so the compiled pieces keep one shape and their piece graphs replay on
-    every decode step (CPU stand-in for capture), with eager's tokens. Three left-padded rows: the padding mask
+    every decode step (CPU stand-in for capture), with eager's tokens, on the default options. Three left-padded rows: the padding mask
     and the index tensors transformers builds it from follow the KV length too."""
     model = _causal_lm()
     kwargs = {"max_new_tokens": 8, "attention_mask": PADDED_MASK}
     eager = _generate(model, inputs=PADDED, **kwargs)
-    model.forward = torch.compile(model.forward, backend="vgc", options={
-        "cudagraph_mode": "piecewise", "splitting_ops": ["aten::scaled_dot_product_attention"]})
+    # The default splitting ops: a graph whose SDPA reads a KV cache is split there without being asked.
+    model.forward = torch.compile(model.forward, backend="vgc", options={"cudagraph_mode": "piecewise"})
     outputs = []
     for _ in range(3):
         with vgc.counters.delta() as calls:
             outputs.append(_generate(model, inputs=PADDED, **kwargs))
     assert all(out.tolist() == eager.tolist() for out in outputs)
     assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0 and calls["cudagraph_captures"] == 0
-    # From the third generate() on (each signature captures on its second call), all 8 calls (the prefill and 7
-    # decode steps at 7 KV lengths) replay the graphs of the 3 compiled pieces (2 layers).
-    assert calls["cudagraph_replays"] == 3 * 8, dict(calls)
+    # From the third generate() on (each signature captures on its second call), the 7 decode steps at 7 KV
+    # lengths replay the graphs of the 3 compiled pieces (2 layers), and the prefill, whose queries are its keys,
+    # is one piece and replays one graph.
+    assert calls["cudagraph_replays"] == 3 * 7 + 1, dict(calls)

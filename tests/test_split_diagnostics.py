@@ -78,6 +78,33 @@ def test_sdpa_model_with_default_splitting_ops_says_which_op_splits_it(fresh_cou
     assert len(_vgc_messages(caplog, NO_SPLIT)) == 1
 
 
+class CachedAttention(SelfAttention):
+    """A decode step the way a hand-written KV cache does it: the new keys and values appended to the past."""
+
+    def forward(self, x, past_k, past_v):
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return x + self.proj(y.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+def test_sdpa_reading_a_kv_cache_is_split_by_default(fresh_counters, no_cache, caplog):
+    """More keys than queries: unsplit, the one piece would follow the KV length (no graph on any decode step),
+    so the default splitting ops take SDPA there. The queries-are-keys model above stays one piece."""
+    caplog.set_level(logging.INFO, logger="vgc")
+    torch.manual_seed(0)
+    model = CachedAttention()
+    backend = vgc.VgcBackend()
+    x, past = torch.randn(2, 1, 16), torch.randn(2, 2, 7, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=backend)(x, past, past + 1), model(x, past, past + 1),
+                                   **FP32_TOL)
+    pieces = backend.graphs[0].pieces
+    assert [p.is_splitting for p in pieces] == [False, True, False], pieces
+    assert not _vgc_messages(caplog, NO_SPLIT)
+
+
 def test_graph_without_attention_says_nothing_at_info(caplog):
     caplog.set_level(logging.DEBUG, logger="vgc")
     vgc.VgcBackend()._explain_unsplit(fx.symbolic_trace(MLP()))

@@ -17,7 +17,7 @@ from vgc.cache.entry import open_store
 from vgc.cache.keys import traced_source_files
 from vgc.cache.store import Fetched
 from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
-from vgc.config import CompilationConfig, CUDAGraphMode
+from vgc.config import DEFAULT_SPLITTING_OPS, CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
 from vgc.cudagraph.dropin import DropInGraphs, GraphInputs, full_graph_blocker
 from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
@@ -29,7 +29,8 @@ from vgc.ops.collectives import collective_calls
 from vgc.passes.manager import pass_manager
 from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
 from vgc.piecewise import CompiledPiece
-from vgc.split import Piece, attention_like_ops, check_splitting_ops, is_model_state, split_graph
+from vgc.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, is_model_state, sdpa_reads_a_kv_cache,
+                       split_graph)
 
 logger = logging.getLogger("vgc")
 
@@ -278,9 +279,14 @@ class VgcBackend:
 
     def _plan_graph(self, gm: fx.GraphModule, example_inputs: list) -> GraphPlan:
         """Split Dynamo's graph and describe each piece: its structural key, sizes, and what CUDA graphs need."""
-        check_splitting_ops(self.config.splitting_ops, gm)
+        splitting_ops = self.config.splitting_ops
+        if tuple(splitting_ops) == DEFAULT_SPLITTING_OPS and sdpa_reads_a_kv_cache(gm):
+            # A Hugging Face decode step on its own KV cache: split at its SDPA, so that the cache update and the
+            # mask run with attention and the compiled pieces keep the tokens' shape (graphs on every step).
+            splitting_ops = [*splitting_ops, SDPA]
+        check_splitting_ops(splitting_ops, gm)
         start = time.perf_counter()
-        split_gm, pieces = split_graph(gm, self.config.splitting_ops)
+        split_gm, pieces = split_graph(gm, splitting_ops)
         piece_inputs = _piece_example_inputs(split_gm, example_inputs)
         module_state = _module_state_arguments(split_gm, example_inputs)
         if self.config.pass_config.get("fuse_sibling_matmuls") and fuse_sibling_linears(

@@ -218,7 +218,8 @@ class CompilationConfig:
 
     splitting_ops: list[str] | None = _field(
         "Operators the graph is split at; each runs eagerly between compiled pieces. None means "
-        "vgc's attention ops, `['vgc::attention', 'vgc::varlen_attention']`; `[]` gives one piece.", _splitting_ops, in_hash=True)
+        "vgc's attention ops, `['vgc::attention', 'vgc::varlen_attention']`, and SDPA in a graph where it reads more "
+        "keys than queries (a KV cache); `[]` gives one piece.", _splitting_ops, in_hash=True)
     compile_sizes: list[int] = _field(
         "Sizes of the dynamic dimension that get a static-size Inductor artifact besides the symbolic-size one.",
         _sorted_ints(1), in_hash=True, factory=list)

@@ -101,6 +101,25 @@ def attention_like_ops(gm: fx.GraphModule) -> collections.Counter[str]:
     return found
 
 
+SDPA = "aten::scaled_dot_product_attention"
+
+
+def sdpa_reads_a_kv_cache(gm: fx.GraphModule) -> bool:
+    """Whether some SDPA call of the graph has another number of keys than of queries: a decode step reading a
+    KV cache (or cross-attention). Unsplit, such a graph is one piece whose shapes follow the KV length, so it
+    would get a new size, and no graph, on every decode step."""
+    for node in gm.graph.nodes:
+        if SDPA not in op_names(node):
+            continue
+        query = node.args[0] if node.args else node.kwargs.get("query")
+        key = node.args[1] if len(node.args) > 1 else node.kwargs.get("key")
+        values = [_compat.traced_value(n) if isinstance(n, fx.Node) else None for n in (query, key)]
+        if all(isinstance(v, torch.Tensor) and v.dim() >= 2 for v in values) and \
+                str(values[0].shape[-2]) != str(values[1].shape[-2]):   # compared as expressions: no guard
+            return True
+    return False
+
+
 def decompose_size_nodes(gm: fx.GraphModule) -> None:
     """Replace whole `x.size()` values by per-dim values: a torch.Size cannot cross a piece boundary."""
     graph = gm.graph

@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="vgc-bench-generate-")
     os.environ.setdefault("VGC_CACHE_ROOT", os.path.join(root, "vgc"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(root, "triton"))   # else ~/.triton keeps kernels warm
     import vgc
 
     vgc._compat.allow_recompiles(64)
