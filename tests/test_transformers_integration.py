@@ -203,8 +203,7 @@ def test_gpu_dropin_on_the_dynamic_cache_replays_piece_graphs():
     model.load_state_dict(eager.state_dict())
     for m in (eager, model):
         m.generation_config.eos_token_id, m.generation_config.pad_token_id = None, 0
-    model.forward = torch.compile(model.forward, backend="vgc", options={
-        "splitting_ops": ["aten::scaled_dot_product_attention"]})   # PIECEWISE: the default on CUDA
+    model.forward = torch.compile(model.forward, backend="vgc")   # split at SDPA and PIECEWISE: the defaults here
     prompts, mask = PROMPTS.cuda(), MASK.cuda()
     want = _generate(eager, prompts, mask)
     for _ in range(2):
