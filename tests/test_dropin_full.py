@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import vgc
 from vgc.cudagraph import runtime as cuda_runtime
-from vgc.cudagraph.dropin import MAX_RECAPTURES
+from vgc.cudagraph.dropin import MAX_RECAPTURES, REPLAYS_PER_CAPTURE
 from vgc.models import llama
 from conftest import FP32_TOL
 
@@ -86,6 +86,23 @@ def test_inputs_that_keep_moving_stop_being_captured(tiny, simulated_cuda, caplo
             _check_step(cfg, model, compiled, 8, "decode", kv, seed)
     assert counters.cudagraph_captures == 1 + MAX_RECAPTURES
     assert f"moved {MAX_RECAPTURES + 1} times" in caplog.text
+
+
+def test_inputs_that_move_once_per_generate_keep_their_graph(tiny, simulated_cuda, caplog):
+    """transformers allocates a new StaticCache per generate(): its K/V move once, then every decode step reads
+    them in place. A move after REPLAYS_PER_CAPTURE replays does not count towards giving up."""
+    counters = simulated_cuda
+    cfg, model = tiny
+    compiled = _dropin(model, "full")
+    rounds = MAX_RECAPTURES + 2
+    with torch.no_grad():
+        for round_ in range(rounds):
+            kv = llama.make_kv_caches(cfg)
+            for step in range(REPLAYS_PER_CAPTURE + 2):   # one call without the graph, a capture, then replays
+                _check_step(cfg, model, compiled, 8, "decode", kv, step)
+    assert counters.cudagraph_captures == rounds
+    assert counters.cudagraph_replays == rounds * REPLAYS_PER_CAPTURE
+    assert "without a FULL graph" not in caplog.text
 
 
 @pytest.mark.parametrize("mode", ["full", "full_and_piecewise"])

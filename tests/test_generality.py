@@ -33,7 +33,17 @@ class LastHidden(torch.nn.Module):
         return self.model(input_ids=input_ids, use_cache=False).last_hidden_state
 
 
-@pytest.mark.parametrize("build", [_llama, _gpt2], ids=["llama", "gpt2"])
+def _phi3():
+    """Phi3: its partial rotary concatenates the rotated and passed-through halves, and SDPA's CPU kernel returns
+    those inputs' attention [batch, tokens, heads, dim]-major, where the trace's fake kernel said contiguous."""
+    config = transformers.Phi3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                     pad_token_id=0, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.Phi3Model(config).eval()
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2, _phi3], ids=["llama", "gpt2", "phi3"])
 def test_hf_model_dropin_split_at_sdpa(build, fresh_counters, no_cache):
     model = LastHidden(build())
     backend = vgc.VgcBackend(SDPA_SPLIT)
@@ -47,8 +57,9 @@ def test_hf_model_dropin_split_at_sdpa(build, fresh_counters, no_cache):
     assert len(graph.unique_keys) <= 3
 
 
-def test_hf_llama_traced_once_over_sequence_lengths(fresh_counters, dynamo_counters, no_cache):
-    model = LastHidden(_llama())
+@pytest.mark.parametrize("build", [_llama, _phi3], ids=["llama", "phi3"])
+def test_hf_model_traced_once_over_sequence_lengths(build, fresh_counters, dynamo_counters, no_cache):
+    model = LastHidden(build())
     compiled = vgc.compile(model, config=SDPA_SPLIT, dynamic_arg_dims={"input_ids": 1})
     compiled.warmup(lambda n: (torch.randint(0, 128, (2, n)),))
     with fresh_counters.expect(inductor_compiles=0), torch.no_grad():

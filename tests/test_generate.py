@@ -48,10 +48,10 @@ def test_dropin_generate_equals_eager_token_for_token(no_cache):
 
 
 def test_dropin_decode_on_the_dynamic_cache_replays_piece_graphs(simulated_cuda):
-    """On transformers' default dynamic cache the KV length grows every step. The cache update and the mask,
-    which follow it, run beside attention, so the compiled pieces keep one shape and their piece graphs replay on
-    every decode step (CPU stand-in for capture), with eager's tokens, on the default options. Three left-padded rows: the padding mask
-    and the index tensors transformers builds it from follow the KV length too."""
+    """On transformers' default dynamic cache the KV length grows every step. The cache update and the mask, which
+    follow it, run beside attention, so the compiled pieces keep one shape and their piece graphs replay on
+    every decode step (CPU stand-in for capture), with eager's tokens, on the default options. Three left-padded
+    rows: the padding mask and the index tensors transformers builds it from follow the KV length too."""
     model = _causal_lm()
     kwargs = {"max_new_tokens": 8, "attention_mask": PADDED_MASK}
     eager = _generate(model, inputs=PADDED, **kwargs)

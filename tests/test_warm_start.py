@@ -241,3 +241,39 @@ def test_a_first_call_that_raises_leaves_the_model_usable(tmp_path, monkeypatch)
         torch.testing.assert_close(compiled(**llama.make_batch(cfg, 8)), model(**llama.make_batch(cfg, 8)),
                                    **FP32_TOL)
     assert compiled.trace_source == "saved" and len(compiled.backend.graphs) == 1
+
+
+def test_why_miss_verdict_matches_the_start_after_a_deployment_moves_cache_and_code(user_model, tmp_path, capsys):
+    """A deployment copies the cache and puts the model's code at another path, where the build machine's path
+    does not exist. why-miss hashes the code where `--sources` says it now is, says "cannot tell" without it,
+    and each verdict is what the next start does."""
+    root, model_file, _, _ = user_model
+    copy, deployed = tmp_path / "root", tmp_path / "deploy" / "app" / model_file.name
+    shutil.copytree(root, copy)
+    (trace,) = trace_files(copy)
+    entry = trace.parent.parent
+    manifest_file = entry / "rank_0_0" / inventory.FACTORS_FILE
+    manifest = json.loads(manifest_file.read_text())
+    built_at = f"/nonexistent-build-machine/app/{model_file.name}"
+    manifest["source_paths"] = [built_at if p == str(model_file) else p for p in manifest["source_paths"]]
+    assert built_at in manifest["source_paths"]
+    manifest_file.write_text(json.dumps(manifest))
+    deployed.parent.mkdir(parents=True)
+    deployed.write_text(model_file.read_text())
+    why = ["cache", "--root", str(copy), "why-miss", "--entry", entry.name]
+
+    assert vgc_main(why) == 2   # the old behaviour re-used the stored hash here and said "hit"
+    out = capsys.readouterr().out
+    assert "unknown" in out and built_at in out and "--sources" in out
+
+    assert vgc_main(why + ["--sources", str(tmp_path / "deploy")]) == 0
+    assert "would be a hit" in capsys.readouterr().out
+    result = run_worker(copy, deployed)
+    assert result["trace_source"] == "saved" and result["counters"]["inductor_compiles"] == 0
+
+    deployed.write_text(MODEL_SOURCE.replace("SCALE = 2.0", "SCALE = 3.0"))
+    assert vgc_main(why + ["--sources", str(tmp_path / "deploy")]) == 1
+    assert f"sources.{model_file.name}" in capsys.readouterr().out
+    result = run_worker(copy, deployed)
+    assert result["trace_source"] == "traced" and result["counters"]["dynamo_traces"] == 1
+    assert result["max_diff"] < 1e-4

@@ -709,3 +709,12 @@ def default_store():
         return getter()
     except (RuntimeError, ValueError):
         return None
+
+
+def size_hint(value) -> int | None:
+    """A size's value in the trace, read without adding a guard; None for a size the trace has no value for
+    (unbacked)."""
+    if isinstance(value, torch.SymInt):
+        hint = getattr(value.node, "hint", None)
+        return None if hint is None else int(hint)
+    return int(value)

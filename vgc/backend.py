@@ -29,8 +29,8 @@ from vgc.ops.collectives import collective_calls
 from vgc.passes.manager import pass_manager
 from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
 from vgc.piecewise import CompiledPiece
-from vgc.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, is_model_state, sdpa_reads_a_kv_cache,
-                       split_graph)
+from vgc.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, is_model_state, lay_out_eager_results,
+                       sdpa_reads_a_kv_cache, split_graph)
 
 logger = logging.getLogger("vgc")
 
@@ -293,6 +293,8 @@ class VgcBackend:
                 split_gm, pieces, piece_inputs, module_state, _compat.detect_fake_mode(example_inputs)):
             piece_inputs = _piece_example_inputs(split_gm, example_inputs)
             module_state = _module_state_arguments(split_gm, example_inputs)
+        lay_out_eager_results(split_gm, pieces, piece_inputs,
+                              {p.name: mutated_inputs(p.module) for p in pieces if not p.is_splitting})
         if self.config.splitting_ops and not any(piece.is_splitting for piece in pieces):
             self._explain_unsplit(gm)
         inductor_config, static_config = self._inductor_configs()

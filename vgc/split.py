@@ -305,6 +305,69 @@ def _position(gm: fx.GraphModule):
     return order.__getitem__
 
 
+def as_laid_out(x: torch.Tensor, order: tuple[int, ...] | None) -> torch.Tensor:
+    """`x` in the dense layout the compiled piece reading it was built for (dims outermost first in `order`;
+    None: the standard contiguous one), copied only when it is not."""
+    if order is None:
+        return x if x.is_contiguous() else x.contiguous()
+    if x.permute(order).is_contiguous():
+        return x
+    return torch.empty_permuted(x.shape, order, dtype=x.dtype, device=x.device).copy_(x)
+
+
+def _dense_order(value: torch.Tensor):
+    """The order of `value`'s dims, outermost first, if its traced layout is dense (None when that is the
+    contiguous one); False for a layout no copy gives (a slice of a larger buffer) or sizes without a hint."""
+    hints = [_compat.size_hint(d) for d in (*value.shape, *value.stride())]
+    if any(h is None for h in hints):
+        return False
+    sizes, strides = hints[:value.dim()], hints[value.dim():]
+    order = sorted(range(value.dim()), key=lambda d: (-strides[d], d))
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expected:
+            return False
+        expected *= sizes[d]
+    significant = [d for d in order if sizes[d] != 1]
+    return None if significant == sorted(significant) else tuple(order)
+
+
+def lay_out_eager_results(split_gm: fx.GraphModule, pieces: list[Piece], piece_inputs: dict[str, tuple],
+                          mutated: dict[str, set[int]]) -> int:
+    """Hand each compiled piece the eager pieces' results in the layout it was compiled for; returns how many
+    edges got the check.
+
+    Inductor builds a piece for its inputs' traced strides and asserts them on every call. An eager piece's
+    results have the strides its kernels choose at run time, which need not be those its fake kernels gave the
+    trace: Phi3's attention output comes back [batch, tokens, heads, dim]-major from SDPA's CPU kernel where the
+    trace said contiguous. Inputs a piece writes in place are left alone (a copy would lose the write)."""
+    eager = {p.name for p in pieces if p.is_splitting}
+    compiled = {p.name for p in pieces if not p.is_splitting}
+    graph, checked = split_gm.graph, 0
+
+    def from_eager(arg) -> bool:
+        producer = arg.args[0] if arg.op == "call_function" and arg.target is operator.getitem else arg
+        return isinstance(producer, fx.Node) and producer.op == "call_module" and producer.target in eager
+
+    for call in list(graph.nodes):
+        if call.op != "call_module" or call.target not in compiled or call.target not in piece_inputs:
+            continue
+        args = list(call.args)
+        for i, (arg, value) in enumerate(zip(call.args, piece_inputs[call.target])):
+            if not isinstance(arg, fx.Node) or not from_eager(arg) or not isinstance(value, torch.Tensor) or \
+                    i in mutated.get(call.target, ()):
+                continue
+            order = _dense_order(value)
+            if order is not False:
+                with graph.inserting_before(call):
+                    args[i] = graph.call_function(as_laid_out, (arg, order))
+                checked += 1
+        call.args = tuple(args)
+    if checked:
+        split_gm.recompile()
+    return checked
+
+
 def split_graph(gm: fx.GraphModule, splitting_ops: list[str]) -> tuple[fx.GraphModule, list[Piece]]:
     """Split `gm` so that each run of consecutive splitting ops is its own piece, in original order."""
     ops = frozenset(splitting_ops)

@@ -13,11 +13,11 @@ Rows (each on its own copy of the model; vgc's fusion pass rebinds weights):
   at SDPA;
 - `vgc integration`: `vgc.integrations.transformers.compile(model)`.
 
-Columns: `first s` (the row's first generate(): compile, capture and one generate; the bench starts with empty
-vgc and Inductor caches), new tokens/s and ms per token (median of `--reps` generate() calls, the rows
-interleaved: A, B, C, A, B, C, ...), the decode forward alone (CUDA events around each one-token model call, in
-separate generate() calls so the events do not slow the timed ones), the host µs that call takes to return (what
-the host spends launching one decode step: the anchor's cudagraph-tree replay against vgc's), and how many leading new tokens equal
+Columns: `first s` (the row's first generate(): compile, capture and one generate; the bench starts with empty vgc,
+Inductor and Triton caches), new tokens/s and ms per token (median of `--reps` generate() calls, the rows interleaved: A,
+B, C, A, B, C, ...), the decode forward alone (CUDA events around each one-token model call, in separate generate()
+calls so the events do not slow the timed ones), the host µs that call takes to return (what the host spends
+launching one decode step: the anchor's cudagraph-tree replay against vgc's), and how many leading new tokens equal
 eager's (bf16 with random weights diverges on near-ties: exact equality is what the fp32 CPU tests check).
 """
 

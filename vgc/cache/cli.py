@@ -2,7 +2,8 @@
 
 Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad path; `why-miss`: the
 compile would miss), 2 for a usage error (argparse's, bad `--options` JSON, a hash prefix that names no single
-entry) or when `verify` cannot check the root (missing, not a directory, or its own failure). Errors are one line,
+entry), when `verify` cannot check the root (missing, not a directory, or its own failure), or when `why-miss`
+cannot tell (a traced source file it cannot find: pass `--sources`). Errors are one line,
 never a traceback.
 """
 
@@ -53,6 +54,9 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
                                        "the stored config of --entry)")
     why.add_argument("--device", choices=["cpu", "cuda"],
                      help="device of the environment to compute (default: that of --entry, else cpu)")
+    why.add_argument("--sources", action="append", metavar="DIR",
+                     help="where the model's code lives here, when not at the paths the cache was built from "
+                          "(repeatable): each traced file is looked for by its path's tail, then by its name")
     why.add_argument("--entry", metavar="HASH",
                      help="compare with this entry only (a hash prefix), using its stored config unless --options "
                           "is given (default: the closest entry)")
@@ -192,10 +196,40 @@ def _prune(root: Path, older_than: str | None, max_size: str | None, dry_run: bo
     return 0
 
 
-def _current_sources(manifest: dict) -> list[list[str]]:
-    """Re-hash the files the entry was traced from, where they still exist."""
-    paths = [p for p in manifest.get("source_paths", []) if os.path.isfile(p)]
-    return source_factors(paths) if paths else manifest.get("factors", {}).get("sources", [])
+def _locate(recorded: str, roots: list[Path]) -> Path | None:
+    """Where the file traced at `recorded` (a path on the machine that built the cache) is under one of `roots`:
+    the longest tail of its path that exists there, else a file of its name found once under a root."""
+    parts = Path(recorded).parts[1:]
+    for start in range(len(parts)):
+        for root in roots:
+            candidate = root.joinpath(*parts[start:])
+            if candidate.is_file():
+                return candidate
+    for root in roots:
+        found = [p for p in root.rglob(Path(recorded).name) if p.is_file()]
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
+def _current_sources(manifest: dict, roots: list[Path]) -> tuple[list[list[str]], list[str], int]:
+    """Hash the sources a start here would trace: found under `roots` (`--sources`) first, else at the paths the
+    entry recorded. Returns the source factors, the recorded paths found nowhere, and how many came from roots.
+
+    A file found nowhere is unknown: re-using its stored hash would call a start that misses a hit."""
+    paths, missing, relocated = [], [], 0
+    for recorded in manifest.get("source_paths", []):
+        found = _locate(recorded, roots) if roots else None
+        if found is not None:
+            paths.append(str(found))
+            relocated += 1
+        elif os.path.isfile(recorded):
+            paths.append(recorded)
+        else:
+            missing.append(recorded)
+    if not manifest.get("source_paths"):   # an entry written before paths were kept: only its hashes are known
+        return manifest.get("factors", {}).get("sources", []), [], 0
+    return source_factors(paths), missing, relocated
 
 
 def _config_from_options(text: str) -> dict[str, Any]:
@@ -250,20 +284,40 @@ def _why_miss(root: Path, args) -> int:
         print(f"no cache entries under {root / inventory.CACHE_SUBDIR}: every compile is a miss")
         return 1
     env = _environment(device)
+    roots = [Path(d).expanduser() for d in args.sources or []]
+    for root in roots:
+        if not root.is_dir():
+            raise ValueError(f"--sources {root}: not a directory; pass the directory the model's code lives in")
     best = None
     for entry in candidates:
         manifest = entry.manifest() or {}
-        _, current = cache_key(config, env, _current_sources(manifest))
-        differences = diff_factors(manifest.get("factors", {}), current)
-        if best is None or len(differences) < len(best[1]):
-            best = (entry, differences)
-    entry, differences = best
-    if not differences:
-        print(f"entry {entry.hash} matches the current config and environment: it would be a hit")
-    else:
+        sources, missing, relocated = _current_sources(manifest, roots)
+        _, current = cache_key(config, env, sources)
+        # A file found nowhere is left out of the comparison, and the verdict says so.
+        stored = dict(manifest.get("factors", {}))
+        if missing:
+            gone = {os.path.basename(p) for p in missing}
+            stored["sources"] = [s for s in stored.get("sources", []) if s[0] not in gone]
+        differences = diff_factors(stored, current)
+        if best is None or (len(differences), len(missing)) < (len(best[1]), len(best[2])):
+            best = (entry, differences, missing, relocated)
+    entry, differences, missing, relocated = best
+    if relocated:
+        print(f"sources: {relocated} of the traced files found under --sources, hashed there")
+    if differences:
         print(f"{'entry' if named else 'closest entry'} {entry.hash} differs in {len(differences)} factor(s):")
         for line in differences:
             print(f"  {line}")
+    elif not missing:
+        print(f"entry {entry.hash} matches the current config and environment: it would be a hit")
+    if missing:
+        print(f"unknown: {len(missing)} traced source file(s) of entry {entry.hash} are not at the paths the cache "
+              "was built from" + (" nor under --sources" if roots else "") + ", so whether a start hits cannot be "
+              "told; pass --sources DIR (the directory the model's code lives in here):")
+        for path in missing:
+            print(f"  {path}")
+        _explain_saved_traces(entry, hit=False)
+        return 1 if differences else 2
     _explain_saved_traces(entry, hit=not differences)
     return 0 if not differences else 1
 

@@ -36,6 +36,10 @@ logger = logging.getLogger("vgc")
 
 # A key whose inputs moved this many times stops being captured (each move costs a capture).
 MAX_RECAPTURES = 3
+# A move after this many replays of the graph does not count towards MAX_RECAPTURES: the capture paid for itself.
+# transformers' generate() allocates a new StaticCache per call, so its K/V move once per generate() and then
+# stay put for every decode step of it.
+REPLAYS_PER_CAPTURE = 16
 # Inputs the graph writes that are at most this large are copied in before each replay and back after it,
 # instead of read in place: transformers' StaticCache replaces its small per-layer counters on every generate()
 # while its K/V stay put, and reading them in place made every generate() capture again.
@@ -52,8 +56,9 @@ class _Captured:
                                  # (copied inputs, then mirrored ones)
     pinned_ptrs: list[int]       # addresses of the pinned inputs at capture, in `pinned` order
     outputs: object
-    moves: int = 0               # how often a pinned input of this signature moved before
+    moves: int = 0               # how often a pinned input of this signature moved soon after a capture
     mirror_targets: list = ()    # the graph's copies of the mirrored inputs, written back after each replay
+    replays: int = 0
 
 
 class _NotCaptured:
@@ -159,6 +164,7 @@ class DropInGraphs:
             if entry.copy_targets:
                 _compat.copy_many(entry.copy_targets, self._copied_of(args))
             entry.graph.replay()
+            entry.replays += 1
             if entry.mirror_targets:
                 _compat.copy_many(list(self._mirrored_of(args)), entry.mirror_targets)
             counters.cudagraph_replays += 1
@@ -248,11 +254,12 @@ class DropInGraphs:
 
     def _moved(self, key: tuple, entry: _Captured, args):
         """A pinned input is not where the graph reads it: run without the graph, and capture again at the new
-        address next time, up to `MAX_RECAPTURES` times per signature."""
+        address next time. A signature whose inputs move `MAX_RECAPTURES` times within `REPLAYS_PER_CAPTURE`
+        replays of their capture stops being captured."""
         now = list(map(_data_ptr, self._pinned_of(args)))
         moved = next(i for i, a, b in zip(self.inputs.pinned, now, entry.pinned_ptrs) if a != b)
         name = self.inputs.names[moved]
-        moves = entry.moves + 1
+        moves = entry.moves + (entry.replays < REPLAYS_PER_CAPTURE)
         self.full_graphs -= 1   # its inputs and outputs are freed: the pool reuses their memory
         if moves > MAX_RECAPTURES:
             self.entries[key] = _NotCaptured(moves=moves, reason="moving inputs")
