@@ -356,3 +356,34 @@ def test_static_cache_generate_replays_full_graphs_on_every_call(simulated_cuda)
         with simulated_cuda.expect(cudagraph_captures=0, dynamo_traces=0, cudagraph_replays=5):
             outputs.append(model.generate(prompt, **kwargs))
     assert all(out.tolist() == eager.tolist() for out in outputs)
+
+
+def test_transformers_compile_config_with_the_vgc_backend_as_users_write_it(simulated_cuda):
+    """`CompileConfig(backend="vgc")` passes torch.compile's mode "reduce-overhead", which vgc takes as CUDA
+    graphs (FULL_AND_PIECEWISE); the static cache's decode step, whose SDPA reads more keys than queries, is split
+    there by default. Decode steps replay the FULL graph, with eager's tokens."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    compile_config = transformers.CompileConfig(backend="vgc")
+    assert compile_config.mode == "reduce-overhead"
+    compile_config._compile_all_devices = True   # transformers compiles on CUDA only unless told (test-only)
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        eager = model.generate(prompt, **kwargs)
+        outputs = [model.generate(prompt, **kwargs, compile_config=compile_config) for _ in range(2)]
+        with simulated_cuda.expect(dynamo_traces=0, inductor_compiles=0, cudagraph_captures=0, cudagraph_replays=5):
+            outputs.append(model.generate(prompt, **kwargs, compile_config=compile_config))
+    assert all(out.tolist() == eager.tolist() for out in outputs)
+
+
+def test_unknown_compile_mode_names_the_modes_vgc_takes(no_cache):
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend="vgc", mode="fastest")
+    with pytest.raises(ValueError, match=r"takes mode None or one of \['default', 'max-autotune', "
+                                         r"'max-autotune-no-cudagraphs', 'reduce-overhead'\], got 'fastest'"):
+        compiled(torch.randn(2, 4))
+

@@ -489,13 +489,27 @@ class VgcBackend:
         }
 
 
+# torch.compile's modes in vgc's terms (torch refuses a mode together with options). transformers'
+# `CompileConfig(backend="vgc")` passes mode="reduce-overhead" unless told otherwise.
+COMPILE_MODES = {
+    "default": {},
+    "reduce-overhead": {"cudagraph_mode": "full_and_piecewise"},
+    "max-autotune": {"cudagraph_mode": "full_and_piecewise", "inductor_compile_config": {"max_autotune": True}},
+    "max-autotune-no-cudagraphs": {"inductor_compile_config": {"max_autotune": True}},
+}
+
+
 def vgc_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None,
                 mode: str | None = None) -> Callable:
-    """The backend registered as "vgc": `torch.compile(model, backend="vgc", options={...})`."""
+    """The backend registered as "vgc": `torch.compile(model, backend="vgc", options={...})`, or with one of
+    torch.compile's modes (`COMPILE_MODES`)."""
     try:
         if mode is not None:
-            raise ValueError(f"backend='vgc' takes no mode (got mode={mode!r}); pass CompilationConfig fields "
-                             "through options=..., e.g. options={'compile_sizes': [1, 8]}")
+            if mode not in COMPILE_MODES:
+                raise ValueError(f"backend='vgc' takes mode None or one of {sorted(COMPILE_MODES)}, got {mode!r}; "
+                                 "or pass CompilationConfig fields through options=..., e.g. "
+                                 "options={'compile_sizes': [1, 8]}")
+            options = COMPILE_MODES[mode]
         config = CompilationConfig.from_options(options)
     except ValueError as e:
         raise _compat.through_dynamo(e) from e
