@@ -83,6 +83,13 @@ def test_benchmark_arguments_go_to_the_benchmark(monkeypatch):
     assert exit_info.value.code == 2
 
 
+def test_cache_without_a_command_names_the_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cache"])
+    assert exit_info.value.code == 2
+    assert "required: {ls,show,verify,prune,why-miss}" in capsys.readouterr().err
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])

@@ -10,6 +10,7 @@ table (docs/cache.md has the latest one).
 
 import collections
 import json
+import logging
 import os
 import random
 import shutil
@@ -371,3 +372,19 @@ def test_trust_refuses_a_writable_or_foreign_directory_unless_told_otherwise(tmp
     monkeypatch.setenv("VGC_CACHE_TRUST", "everyone")
     with pytest.raises(ValueError, match="VGC_CACHE_TRUST='everyone' is not a trust level; use 'any'"):
         entry._trust_problem([own])
+
+
+def test_a_cache_root_that_is_a_file_names_the_fix_that_helps(tmp_path, monkeypatch, caplog):
+    """No trust setting helps a root that is a file, so the warning does not suggest one."""
+    import vgc
+    from vgc.cache import entry
+
+    monkeypatch.delenv("VGC_CACHE_TRUST", raising=False)
+    monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE", raising=False)
+    afile = tmp_path / "not-a-dir"
+    afile.write_text("x")
+    with caplog.at_level(logging.WARNING, logger="vgc"):
+        assert isinstance(entry.open_root(vgc.CompilationConfig(cache_dir=str(afile))), entry.NoStore)
+    (message,) = [r.getMessage() for r in caplog.records if "compile cache off" in r.getMessage()]
+    assert f"{afile} is not a directory" in message and "point the cache root" in message
+    assert "VGC_CACHE_TRUST" not in message

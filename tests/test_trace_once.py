@@ -156,7 +156,7 @@ def test_size_branch_is_baked_in_and_checked(mode, caplog, no_cache):
     model = Branchy()
     compiled = vgc.compile(model, config=vgc.CompilationConfig(dynamic_shapes_config=mode))
     with caplog.at_level(logging.WARNING, logger="vgc"):
-        compiled.warmup(lambda n: (torch.randn(n, 8),), trace_size=16)
+        compiled.warmup(lambda n: torch.randn(n, 8), trace_size=16)   # a bare tensor: the one argument
     assert any("holds only when x.size(0) > 4" in r.getMessage() and "if x.shape[0] > 4" in r.getMessage()
                for r in caplog.records)
     with torch.no_grad():

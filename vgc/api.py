@@ -166,7 +166,8 @@ class CompiledModel:
         """Trace once, compile or load every piece for the symbolic size and every compile size, capture every
         CUDA graph (largest first). Nothing compiles after the trace, and nothing captures after warm-up.
 
-        `make_inputs(n)` returns the model's kwargs (a dict) or args (a tuple) for a dynamic size `n`;
+        `make_inputs(n)` returns the model's kwargs (a dict), args (a tuple or list) or its one argument (a
+        tensor, or any other value) for a dynamic size `n`;
         `make_decode_inputs(n)`, when given, makes the uniform decode batches FULL graphs are captured with.
         """
         if self.warmed_up:
@@ -187,10 +188,10 @@ class CompiledModel:
         return self.stats()
 
     def _call_with(self, inputs):
-        return self(**inputs) if isinstance(inputs, dict) else self(*inputs)
+        return self(**inputs) if isinstance(inputs, dict) else self(*_positional(inputs))
 
     def _as_arguments(self, inputs) -> dict[str, Any]:
-        arguments = self._bind((), inputs) if isinstance(inputs, dict) else self._bind(inputs, {})
+        arguments = self._bind((), inputs) if isinstance(inputs, dict) else self._bind(_positional(inputs), {})
         self.contract.check(arguments)
         return arguments
 
@@ -231,3 +232,10 @@ def compile(model: Callable, config: CompilationConfig | dict | None = None,
     and `uniform_decode(arguments) -> bool` says which calls FULL graphs serve (FULL_AND_PIECEWISE needs it).
     """
     return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode)
+
+
+def _positional(inputs) -> tuple:
+    """A `make_inputs` result as positional arguments: a bare tensor is the model's one argument, not a
+    sequence of its rows."""
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+

@@ -288,10 +288,9 @@ class CompilationConfig:
     def from_options(cls, options: dict[str, Any] | None) -> "CompilationConfig":
         """Build a config from `torch.compile(..., options={...})`; unknown keys are errors."""
         options = dict(options or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"unknown vgc option(s) {unknown}; accepted options are {sorted(known)}")
+        problem = _unknown_fields(options)
+        if problem:
+            raise ValueError(f"unknown vgc option(s) {problem}")
         return cls(**options)
 
     def resolved_cudagraph_mode(self, device_type: str) -> CUDAGraphMode:
@@ -343,4 +342,32 @@ def config_fields_markdown() -> str:
         rows.append(f"| `{f.name}` | `{cell(str(f.type))}` | `{cell(repr(_normalize(_default(f))))}` | "
                     f"{'yes' if spec.in_hash else 'no'} | {cell(spec.doc)} |")
     return "\n".join(rows) + "\n"
+
+
+def _unknown_fields(given) -> str:
+    """'' when every name in `given` is a CompilationConfig field, else the unknown ones, close names and the
+    accepted ones."""
+    import difflib
+
+    known = [f.name for f in dataclasses.fields(CompilationConfig)]
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return ""
+    close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+    hints = "; ".join(f"did you mean {c[0]!r} for {name!r}?" for name, c in close.items() if c)
+    return f"{unknown}{' (' + hints + ')' if hints else ''}; accepted: {sorted(known)}"
+
+
+_dataclass_init = CompilationConfig.__init__
+
+
+def _init(self, *args, **kwargs):
+    problem = _unknown_fields(kwargs)
+    if problem:   # the dataclass's own TypeError names the first unknown keyword only, and no accepted one
+        raise TypeError(f"CompilationConfig got unknown field(s) {problem}")
+    _dataclass_init(self, *args, **kwargs)
+
+
+CompilationConfig.__init__ = _init
+_init.__doc__, _init.__wrapped__ = _dataclass_init.__doc__, _dataclass_init
 

@@ -102,7 +102,7 @@ class TraceSession:
         try:
             saved.build(self.backend, store)
         except Exception as e:   # a missing or damaged artifact, or one that fails to load: trace instead
-            logger.warning("vgc: the saved trace %s could not be built (%s: %s); tracing and compiling again",
+            logger.warning("the saved trace %s could not be built (%s: %s); tracing and compiling again",
                            found.path, type(e).__name__, e)
             return None
         self.seconds["load_artifacts"] = time.perf_counter() - start

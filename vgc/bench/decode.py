@@ -107,13 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vgc bench decode")
     parser.add_argument("--batches", default="1,8,64,256", help="decode batch sizes")
     parser.add_argument("--prefill", type=int, default=512, help="prefill tokens (4 sequences)")
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50, help="timed calls per row and size (default 50)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed calls before them (default 5)")
     parser.add_argument("--model", choices=["llama_1b", "tiny"], default="llama_1b")
     parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
     parser.add_argument("--passes", action="store_true",
                         help="add a '+ passes' twin of each vgc row, with every built-in graph pass on")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--tp", metavar="SIZES", help="comma-separated tensor-parallel world sizes (e.g. 1,2): "
+                        "the sharded decoder, one process per GPU (vgc.bench.decode_tp)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("vgc bench decode needs a CUDA device")

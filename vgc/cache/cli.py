@@ -36,7 +36,7 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     cache = commands.add_parser("cache", parents=[common, _root_option(None)],
                                 help="inspect and manage the compile cache")
     parents = [common, _root_option(argparse.SUPPRESS)]
-    sub = cache.add_subparsers(dest="cache_command", required=True)
+    sub = cache.add_subparsers(dest="cache_command", required=True, metavar="{ls,show,verify,prune,why-miss}")
     sub.add_parser("ls", parents=parents,
                    help="list entries: hash, size, age, torch, config digest, sources, what tells them apart")
     show = sub.add_parser("show", parents=parents, help="an entry's key factors, pieces and sizes")

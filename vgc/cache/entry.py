@@ -54,6 +54,15 @@ def _root_source(config: CompilationConfig) -> str:
     return f"the default cache root {str(envs.cache_root())!r} (set VGC_CACHE_ROOT to choose another)"
 
 
+NOT_A_DIRECTORY = "is not a directory"
+
+
+def _fix(reason: str, trust_fix: str) -> str:
+    """A file where a cache directory belongs is not a trust question: no trust setting can help."""
+    return "point the cache root (VGC_CACHE_ROOT or cache_dir) at a directory" if reason == NOT_A_DIRECTORY \
+        else trust_fix
+
+
 def untrusted_reason(path: Path) -> str | None:
     """Why a cache directory must not be loaded from: another user's, or writable by others (anyone who can
     write there can plant code that a start runs). None when it is the caller's own, private directory."""
@@ -64,7 +73,7 @@ def untrusted_reason(path: Path) -> str | None:
     except OSError as e:
         return f"cannot be inspected ({e.strerror})"
     if not stat.S_ISDIR(info.st_mode):
-        return "is not a directory"
+        return NOT_A_DIRECTORY
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         return f"is owned by uid {info.st_uid}, not by this user (uid {os.getuid()})"
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -114,8 +123,9 @@ def open_root(config: CompilationConfig) -> Path | NoStore:
     root = cache_root(config)
     untrusted = _trust_problem([root, root / CACHE_SUBDIR, root / INDUCTOR_SUBDIR])
     if untrusted:
-        return _without_cache(config, f"{untrusted[0]} {untrusted[1]}", "use a directory only you can write, or set "
-                              "VGC_CACHE_TRUST=any to load from it anyway")
+        return _without_cache(config, f"{untrusted[0]} {untrusted[1]}",
+                              _fix(untrusted[1], "use a directory only you can write, or set VGC_CACHE_TRUST=any to "
+                                   "load from it anyway"))
     try:
         # first: computing the key already probes the CPU ISA into Inductor's cache
         kernel_root = _use_inductor_cache_under(root)
@@ -156,8 +166,9 @@ def open_store(config: CompilationConfig, device_type: str, paths: list[str], mo
     directory = root / CACHE_SUBDIR / key / rank_dir_name()
     untrusted = untrusted_entry(root, key)
     if untrusted:
-        return _without_cache(config, f"{untrusted[0]} {untrusted[1]}", "remove that entry, or set "
-                              "VGC_CACHE_TRUST=any to load from it anyway")
+        return _without_cache(config, f"{untrusted[0]} {untrusted[1]}",
+                              _fix(untrusted[1], "remove that entry, or set VGC_CACHE_TRUST=any to load from it "
+                                   "anyway"))
     if not directory.exists():
         explain_new_entry(root, key, factors)
     try:

@@ -99,7 +99,7 @@ def _warn_moved(parts) -> None:
     global _warned_moved
     if not _warned_moved:
         _warned_moved = True
-        logger.warning("vgc: fused weights (%d parts of shape %s) no longer lie together: a parameter was replaced "
+        logger.warning("fused weights (%d parts of shape %s) no longer lie together: a parameter was replaced "
                        "after compiling, so each call now concatenates them (correct, but slower). Update weights "
                        "in place (load_state_dict, copy_) or switch the pass off with pass_config="
                        "{'fuse_sibling_matmuls': False}", len(parts), tuple(parts[0].shape))
