@@ -158,3 +158,19 @@ def test_a_wrapped_transformers_forward_gets_its_assumptions_checked_by_argument
         run(compiled, 5, 9)
     with pytest.raises(vgc.InputMismatchError, match=r"input_ids.size\(1\) <= 64 \(sizes input_ids.size\(1\)=70\)"):
         run(compiled, 70, 70)
+
+
+def test_size_assumptions_read_as_python_in_the_calls_terms():
+    """What a warning or an InputMismatchError shows a user: Python, not sympy's function names."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, PythonMod
+
+    from vgc.guards import _render
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True)
+    names = {s0: "input_values.size(1)", s1: "x.size(0)"}
+    assert _render(sympy.Eq(PythonMod(FloorDiv(s0, 10) - 1, 16), 0), names) == \
+        "(((-1) + (input_values.size(1) // 10)) % 16) == 0"
+    assert _render(sympy.Le(-s0, -7), names) == "input_values.size(1) >= 7"
+    assert _render(sympy.Ne(s1, 1), names) == "x.size(0) != 1"
+    assert _render(sympy.Eq(s0, s1), names) == "input_values.size(1) == x.size(0)"

@@ -718,3 +718,15 @@ def size_hint(value) -> int | None:
         hint = getattr(value.node, "hint", None)
         return None if hint is None else int(hint)
     return int(value)
+
+
+def python_text(expr) -> str | None:
+    """A sympy expression of torch's shape functions (FloorDiv, PythonMod, ...) as Python source, by torch's own
+    printer (private); None where it cannot print it."""
+    try:
+        from torch.utils._sympy.printers import PythonPrinter
+
+        return PythonPrinter().doprint(expr)
+    except Exception:   # noqa: BLE001 - an older or newer torch: the caller falls back to sympy's own text
+        return None
+

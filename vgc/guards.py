@@ -334,7 +334,7 @@ def build_size_guards(snapshot, resolve: Callable[[SizeLocation], SizeLocation |
                       by_inductor: bool = False) -> list[SizeGuard]:
     """Per-call checks for the shape guards of a trace; `resolve` maps where Dynamo read a size to where it is in
     the call's bound arguments (None: not in them). `by_inductor` for the assumptions Inductor added."""
-    guards = []
+    guards, seen = [], set()
     for expr, origin, sources in snapshot:
         symbols = sorted(expr.free_symbols, key=str)
         if by_inductor and _is_size_one_specialisation(expr):
@@ -344,6 +344,9 @@ def build_size_guards(snapshot, resolve: Callable[[SizeLocation], SizeLocation |
         # Symbols vgc cannot read from the arguments keep Dynamo's name for them (e.g. a buffer of the model).
         text = _render(expr, {symbol: size_name(where) if where else sources.get(symbol, str(symbol))
                               for symbol, where in locations.items()})
+        if text in seen:   # the same assumption from another symbol of one size (or another op): one check
+            continue
+        seen.add(text)
         if not symbols or None in locations.values():
             logger.warning("the traced graph assumes %s (from %s), which vgc cannot check per call; calls that "
                            "break it will give wrong results", text, origin or "unknown code")
@@ -380,7 +383,14 @@ def _is_equality(expr) -> bool:
 
 
 def _render(expr, names: dict) -> str:
-    text = str(expr.xreplace({s: sympy.Symbol(n) for s, n in names.items()}))
+    """`expr` as Python a user can read (`x.size(1) % 8 == 0`, `x.size(1) >= 7`), in the call's terms."""
+    expr = expr.xreplace({s: sympy.Symbol(n) for s, n in names.items()})
+    if isinstance(expr, sympy.core.relational.Relational) and expr.lhs.could_extract_minus_sign():
+        expr = expr.reversedsign   # `-x <= -7` reads as `x >= 7`
+    text = _compat.python_text(expr)
+    if text is not None:
+        return text
+    text = str(expr)
     relation = re.fullmatch(r"(Eq|Ne)\((.*), (.*)\)", text)
     return f"{relation[2]} {'==' if relation[1] == 'Eq' else '!='} {relation[3]}" if relation else text
 
