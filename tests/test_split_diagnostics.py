@@ -111,6 +111,33 @@ def test_graph_without_attention_says_nothing_at_info(caplog):
     assert [r.levelno for r in caplog.records if NO_SPLIT in r.getMessage()] == [logging.DEBUG]
 
 
+class EagerAttention(SelfAttention):
+    """Attention written out, as transformers' eager attention does (Gemma2's soft-capping needs it)."""
+
+    def forward(self, x):
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        scores = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) / 8.0) * 8.0
+        y = torch.matmul(scores.softmax(-1), v)
+        return x + self.proj(y.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class Classifier(MLP):
+    def forward(self, x):
+        return super().forward(x).softmax(-1)
+
+
+def test_attention_in_plain_ops_is_said_once_at_warning_with_the_fix(caplog):
+    caplog.set_level(logging.DEBUG, logger="vgc")
+    backend = vgc.VgcBackend()
+    backend._explain_unsplit(fx.symbolic_trace(Classifier()))   # a softmax head is not attention
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    for _ in range(2):
+        backend._explain_unsplit(fx.symbolic_trace(EagerAttention()))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "attention in plain ops (softmax of q @ k, x1)" in warning and "attn_implementation='sdpa'" in warning
+
+
 class MLPAndInputView(MLP):
     def forward(self, x):
         return super().forward(x), x[0]

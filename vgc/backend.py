@@ -29,8 +29,8 @@ from vgc.ops.collectives import collective_calls
 from vgc.passes.manager import pass_manager
 from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
 from vgc.piecewise import CompiledPiece
-from vgc.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, is_model_state, lay_out_eager_results,
-                       sdpa_reads_a_kv_cache, split_graph)
+from vgc.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, eager_attention_count, is_model_state,
+                       lay_out_eager_results, sdpa_reads_a_kv_cache, split_graph)
 
 logger = logging.getLogger("vgc")
 
@@ -405,9 +405,20 @@ class VgcBackend:
         """Say why the graph runs as one piece: none of the splitting ops occurs. A user's SDPA model or a
         Hugging Face model calls aten's attention, not the default `vgc::attention`."""
         found = attention_like_ops(gm)
-        if not found:   # an MLP: one piece is right
+        if not found:
+            written_out = eager_attention_count(gm)
+            if written_out and not self._told_unsplit:
+                # No op to split at: with a KV cache the one piece follows the KV length, and gets no graph.
+                self._told_unsplit = True
+                logger.warning("the graph computes attention in plain ops (softmax of q @ k, x%d), where no "
+                               "splitting op can split it, so it compiles as one piece. For a transformers "
+                               "model load it with attn_implementation='sdpa' (vgc splits at SDPA where it reads "
+                               "a KV cache), or use vgc.integrations.transformers; for your own model call "
+                               "F.scaled_dot_product_attention or a torch.library op and pass it in splitting_ops",
+                               written_out)
+                return
             logger.debug("no splitting op of %s occurs in the graph, nor any attention-like op; it compiles "
-                         "as one piece", self.config.splitting_ops)
+                         "as one piece", self.config.splitting_ops)   # an MLP: one piece is right
             return
         if self._told_unsplit:
             return

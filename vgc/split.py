@@ -102,6 +102,21 @@ def attention_like_ops(gm: fx.GraphModule) -> collections.Counter[str]:
 
 
 SDPA = "aten::scaled_dot_product_attention"
+_MATMULS = {"aten::matmul", "aten::bmm", "aten::einsum"}
+
+
+def eager_attention_count(gm: fx.GraphModule) -> int:
+    """How many softmaxes of a product of two computed tensors (`softmax(q @ k.T * scale + mask)`, soft-capping
+    included) the graph has: attention written out in plain ops, which no splitting op can split at."""
+    def computed_matmul(node, depth=0) -> bool:
+        if not isinstance(node, fx.Node) or depth > 6 or node.op not in ("call_function", "call_method"):
+            return False
+        if set(op_names(node)) & _MATMULS or node.target is operator.matmul:
+            return all(isinstance(a, fx.Node) and a.op != "placeholder" for a in node.args[:2])
+        return bool(node.args) and computed_matmul(node.args[0], depth + 1)
+
+    return sum(1 for node in gm.graph.nodes if {"aten::softmax", "aten::_softmax"} & set(op_names(node))
+               and node.args and computed_matmul(node.args[0]))
 
 
 def sdpa_reads_a_kv_cache(gm: fx.GraphModule) -> bool:
