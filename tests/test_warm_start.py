@@ -2,6 +2,7 @@
 (an edited model, a cut-short file, another model state, a moved root) falls back to a trace with the right answer."""
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -277,3 +278,36 @@ def test_why_miss_verdict_matches_the_start_after_a_deployment_moves_cache_and_c
     result = run_worker(copy, deployed)
     assert result["trace_source"] == "traced" and result["counters"]["dynamo_traces"] == 1
     assert result["max_diff"] < 1e-4
+
+
+def _decorate(fn):
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+
+class _Decorated(torch.nn.Module):
+    @_decorate
+    def forward(self, x):
+        return x + 1
+
+
+def _scale_by(factor, helper=torch.nn.functional.relu):
+    def forward(self, x):
+        return helper(x) * factor
+    return forward
+
+
+def test_which_closures_a_saved_trace_can_serve():
+    """A saved trace bakes in what a forward's closure holds. Constants and functions pickle can name are fine,
+    and enter the trace's identity; a decorator's wrapper around a function only it names (transformers'
+    `can_return_tuple`, `deprecate_kwarg`) is refused up front, naming the wrapper."""
+    assert saved_traces.closure_problem(_scale_by(2.0)) is None
+    assert saved_traces.identity(_scale_by(2.0), "c") != saved_traces.identity(_scale_by(3.0), "c")
+    assert saved_traces.identity(_scale_by(2.0), "c") == saved_traces.identity(_scale_by(2.0), "c")
+    problem = saved_traces.closure_problem(_Decorated.forward)
+    assert problem.startswith("its forward is a decorator's wrapper (wrapper in test_warm_start.py:") and \
+        "around _Decorated.forward" in problem
+    captured = torch.ones(2)
+    assert "a closure over 'captured', a Tensor" in saved_traces.closure_problem(lambda x: x + captured)

@@ -57,9 +57,9 @@ class TraceSession:
         function = getattr(self.forward, "__func__", self.forward)
         if not inspect.isfunction(function):
             return f"its forward is a {type(function).__name__}, not a Python function"
-        if function.__closure__ or function.__name__ == "<lambda>":
-            return "its forward is a closure or a lambda, whose captured values a saved trace could not tell apart"
-        return None
+        if function.__name__ == "<lambda>":
+            return "its forward is a lambda, which a saved trace could not tell apart from another"
+        return saved_traces.closure_problem(function)
 
     def _runner(self, program) -> Callable:
         bound = getattr(self.forward, "__self__", None)
@@ -161,9 +161,12 @@ class TraceSession:
         finally:
             self.backend.defer_build = False
         function = getattr(self.forward, "__func__", self.forward)
-        if _compat.aot_signature(program) != inspect.signature(function):   # e.g. a decorated forward
+        # The program is what Dynamo traced: for a decorated forward (transformers' `can_return_tuple`), the
+        # decorator's wrapper, which the model's calls go through too.
+        own = inspect.signature(function, follow_wrapped=False)
+        if _compat.aot_signature(program) != own:
             raise RuntimeError(f"the captured program takes {_compat.aot_signature(program)}, not the forward's "
-                               f"{inspect.signature(function)}")
+                               f"{own}")
         saved = _compat.aot_backend_result(program)
         saved.plan.structure = self.structure
         # Torch names the traced code by module; code in a file Python did not import as a module (loaded by

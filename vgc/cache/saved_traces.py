@@ -11,6 +11,7 @@ entry key still matches: an edited model, another config or another torch is a m
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -42,8 +43,69 @@ def identity(forward: Callable, contract: Any) -> str:
     owner = getattr(forward, "__self__", None)   # a subclass that inherits forward is another program
     code = getattr(getattr(forward, "__func__", forward), "__code__", None)
     where = (os.path.basename(code.co_filename), code.co_firstlineno) if code is not None else None
+    closure = closure_identity(getattr(forward, "__func__", forward))
     return hashlib.sha256(repr((name, type(owner).__qualname__, type(owner).__module__, where,
-                                contract)).encode()).hexdigest()[:16]
+                                contract) + ((closure,) if closure else ())).encode()).hexdigest()[:16]
+
+
+# What a forward's closure may hold for a saved trace to serve it: the functions a decorator wraps (transformers'
+# `can_return_tuple`, `check_model_inputs`), and constants; their names and values enter the trace's identity.
+_CONSTANTS = (bool, int, float, str, bytes, type(None))
+_DEPTH = 8
+
+
+def _cells(function):
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        try:
+            yield name, cell.cell_contents
+        except ValueError:   # an empty cell: a name the function would read before it is bound
+            yield name, cell
+
+
+def closure_problem(function, depth: int = 0) -> str | None:
+    """Why a forward's closure stops a saved trace from serving it (a captured tensor, module or dict: values a
+    later process may hold otherwise, which the trace baked in), or None."""
+    for name, value in _cells(function):
+        if inspect.isfunction(value) and depth < _DEPTH:
+            if not _named(value):
+                code = function.__code__
+                return (f"its forward is a decorator's wrapper ({code.co_name} in "
+                        f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}) around {value.__qualname__}, "
+                        f"which torch saves by name, and {value.__module__}.{value.__qualname__} names the wrapper")
+            problem = closure_problem(value, depth + 1)
+            if problem:
+                return problem
+        elif not isinstance(value, _CONSTANTS) and not (isinstance(value, tuple) and
+                                                        all(isinstance(v, _CONSTANTS) for v in value)):
+            return (f"its forward ({function.__qualname__}) is a closure over {name!r}, a {type(value).__name__}, "
+                    "whose value a saved trace could not check in a later process")
+    return None
+
+
+def _named(function) -> bool:
+    """Whether `function` is what its module and qualified name find (how pickle saves a function)."""
+    import importlib
+
+    try:
+        found = importlib.import_module(function.__module__)
+        for part in function.__qualname__.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, TypeError):
+        return False
+    return found is function
+
+
+def closure_identity(function, depth: int = 0) -> tuple:
+    """The wrapped functions (by name and code location) and constants of a forward's closure."""
+    out = []
+    for name, value in _cells(function):
+        if inspect.isfunction(value) and depth < _DEPTH:
+            code = value.__code__
+            out.append((name, value.__module__, value.__qualname__, os.path.basename(code.co_filename),
+                        code.co_firstlineno, closure_identity(value, depth + 1)))
+        else:
+            out.append((name, repr(value)))
+    return tuple(out)
 
 
 def file_name(trace_identity: str) -> str:
