@@ -102,7 +102,7 @@ def test_vgc_compile_takes_a_dict_of_config_fields_and_names_a_bad_one():
     with pytest.raises(TypeError, match="config must be a vgc.CompilationConfig or a dict of its fields, got list"):
         vgc.compile(torch.nn.Linear(2, 2), config=[4])
     with pytest.raises(TypeError, match=r"CompilationConfig got unknown field\(s\) \['compile_size'\] \(did you mean "
-                                        r"'compile_sizes' for 'compile_size'\?\); accepted: \['cache_dir', "):
+                                        r"'compile_sizes' for 'compile_size'\?\); accepted fields are \['cache_dir', "):
         vgc.CompilationConfig(compile_size=[4])
 
 

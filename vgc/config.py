@@ -288,7 +288,7 @@ class CompilationConfig:
     def from_options(cls, options: dict[str, Any] | None) -> "CompilationConfig":
         """Build a config from `torch.compile(..., options={...})`; unknown keys are errors."""
         options = dict(options or {})
-        problem = _unknown_fields(options)
+        problem = _unknown_fields(options, "options")
         if problem:
             raise ValueError(f"unknown vgc option(s) {problem}")
         return cls(**options)
@@ -344,7 +344,7 @@ def config_fields_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-def _unknown_fields(given) -> str:
+def _unknown_fields(given, what: str) -> str:
     """'' when every name in `given` is a CompilationConfig field, else the unknown ones, close names and the
     accepted ones."""
     import difflib
@@ -355,14 +355,14 @@ def _unknown_fields(given) -> str:
         return ""
     close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
     hints = "; ".join(f"did you mean {c[0]!r} for {name!r}?" for name, c in close.items() if c)
-    return f"{unknown}{' (' + hints + ')' if hints else ''}; accepted: {sorted(known)}"
+    return f"{unknown}{' (' + hints + ')' if hints else ''}; accepted {what} are {sorted(known)}"
 
 
 _dataclass_init = CompilationConfig.__init__
 
 
 def _init(self, *args, **kwargs):
-    problem = _unknown_fields(kwargs)
+    problem = _unknown_fields(kwargs, "fields")
     if problem:   # the dataclass's own TypeError names the first unknown keyword only, and no accepted one
         raise TypeError(f"CompilationConfig got unknown field(s) {problem}")
     _dataclass_init(self, *args, **kwargs)

@@ -55,7 +55,8 @@ _DEPTH = 8
 
 
 def _cells(function):
-    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+    code = getattr(function, "__code__", None)   # a callable object has no closure of its own
+    for name, cell in zip(code.co_freevars if code else (), getattr(function, "__closure__", None) or ()):
         try:
             yield name, cell.cell_contents
         except ValueError:   # an empty cell: a name the function would read before it is bound
