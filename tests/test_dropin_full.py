@@ -336,17 +336,20 @@ def test_a_small_written_input_that_moves_is_mirrored_not_captured_again(simulat
         assert step.item() == 4.0
 
 
+def _hf_llama_and_prompt(transformers):
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval(), torch.tensor([[5, 17, 42, 8, 99, 3]])
+
+
 def test_static_cache_generate_replays_full_graphs_on_every_call(simulated_cuda):
     """transformers' own static-cache path with vgc: from the third generate() on nothing is captured (the first
     captures the decode step's FULL graph, the second the prefill's piece graphs) and every decode step replays
     the FULL graph, with eager's tokens."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    prompt = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    model, prompt = _hf_llama_and_prompt(transformers)
     kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
     with torch.no_grad():
         eager = model.generate(prompt, **kwargs)
@@ -363,12 +366,7 @@ def test_transformers_compile_config_with_the_vgc_backend_as_users_write_it(simu
     graphs (FULL_AND_PIECEWISE); the static cache's decode step, whose SDPA reads more keys than queries, is split
     there by default. Decode steps replay the FULL graph, with eager's tokens."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    prompt = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    model, prompt = _hf_llama_and_prompt(transformers)
     compile_config = transformers.CompileConfig(backend="vgc")
     assert compile_config.mode == "reduce-overhead"
     compile_config._compile_all_devices = True   # transformers compiles on CUDA only unless told (test-only)

@@ -323,6 +323,8 @@ def _position(gm: fx.GraphModule):
 def as_laid_out(x: torch.Tensor, order: tuple[int, ...] | None) -> torch.Tensor:
     """`x` in the dense layout the compiled piece reading it was built for (dims outermost first in `order`;
     None: the standard contiguous one), copied only when it is not."""
+    if isinstance(x, fx.Proxy):   # FX re-traces a saved split graph as it unpickles it: record the call
+        return x.tracer.create_proxy("call_function", as_laid_out, (x, order), {})
     if order is None:
         return x if x.is_contiguous() else x.contiguous()
     if x.permute(order).is_contiguous():
