@@ -293,8 +293,8 @@ class VgcBackend:
                 split_gm, pieces, piece_inputs, module_state, _compat.detect_fake_mode(example_inputs)):
             piece_inputs = _piece_example_inputs(split_gm, example_inputs)
             module_state = _module_state_arguments(split_gm, example_inputs)
-        lay_out_eager_results(split_gm, pieces, piece_inputs,
-                              {p.name: mutated_inputs(p.module) for p in pieces if not p.is_splitting})
+        mutated = {p.name: frozenset(mutated_inputs(p.module)) for p in pieces if not p.is_splitting}
+        lay_out_eager_results(split_gm, pieces, piece_inputs, mutated)
         if self.config.splitting_ops and not any(piece.is_splitting for piece in pieces):
             self._explain_unsplit(gm)
         inductor_config, static_config = self._inductor_configs()
@@ -314,7 +314,7 @@ class VgcBackend:
                     sizes=tuple(self.config.compile_sizes) if size_source is not None else (),
                     size_source=size_source, has_symbols=bool(free_symbols(inputs)),
                     single=not _compat.graph_returns_tuple(piece.module),
-                    module_state=tuple(module_state[piece.name]), mutated=frozenset(mutated_inputs(piece.module)),
+                    module_state=tuple(module_state[piece.name]), mutated=mutated[piece.name],
                     module=piece.module, example_inputs=inputs))
         state = []
         for node, value in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs):

@@ -350,7 +350,7 @@ def _dense_order(value: torch.Tensor):
 
 
 def lay_out_eager_results(split_gm: fx.GraphModule, pieces: list[Piece], piece_inputs: dict[str, tuple],
-                          mutated: dict[str, set[int]]) -> int:
+                          mutated: dict[str, frozenset[int]]) -> int:
     """Hand each compiled piece the eager pieces' results in the layout it was compiled for; returns how many
     edges got the check.
 

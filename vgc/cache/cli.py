@@ -196,30 +196,45 @@ def _prune(root: Path, older_than: str | None, max_size: str | None, dry_run: bo
     return 0
 
 
-def _locate(recorded: str, roots: list[Path]) -> Path | None:
-    """Where the file traced at `recorded` (a path on the machine that built the cache) is under one of `roots`:
-    the longest tail of its path that exists there, else a file of its name found once under a root."""
-    parts = Path(recorded).parts[1:]
-    for start in range(len(parts)):
+class _SourceRoots:
+    """The `--sources` directories, each listed once: every file under them, by name."""
+
+    def __init__(self, roots: list[Path]):
+        self.roots = roots
+        self.by_name: list[dict[str, list[Path]]] = []
         for root in roots:
-            candidate = root.joinpath(*parts[start:])
-            if candidate.is_file():
-                return candidate
-    for root in roots:
-        found = [p for p in root.rglob(Path(recorded).name) if p.is_file()]
-        if len(found) == 1:
-            return found[0]
-    return None
+            files: dict[str, list[Path]] = {}
+            for path in root.rglob("*"):
+                if path.is_file():
+                    files.setdefault(path.name, []).append(path)
+            self.by_name.append(files)
+
+    def locate(self, recorded: str) -> Path | None:
+        """Where the file traced at `recorded` (a path on the machine that built the cache) is under a root: the
+        longest tail of its path that exists there, else a file of its name found once under a root."""
+        parts = Path(recorded).parts[1:]
+        for start in range(len(parts)):
+            for root in self.roots:
+                candidate = root.joinpath(*parts[start:])
+                if candidate.is_file():
+                    return candidate
+        for files in self.by_name:
+            found = files.get(Path(recorded).name, [])
+            if len(found) == 1:
+                return found[0]
+        return None
 
 
-def _current_sources(manifest: dict, roots: list[Path]) -> tuple[list[list[str]], list[str], int]:
+def _current_sources(manifest: dict, roots: _SourceRoots) -> tuple[list[list[str]], list[str], int]:
     """Hash the sources a start here would trace: found under `roots` (`--sources`) first, else at the paths the
     entry recorded. Returns the source factors, the recorded paths found nowhere, and how many came from roots.
 
     A file found nowhere is unknown: re-using its stored hash would call a start that misses a hit."""
+    if not manifest.get("source_paths"):   # an entry written before paths were kept: only its hashes are known
+        return manifest.get("factors", {}).get("sources", []), [], 0
     paths, missing, relocated = [], [], 0
-    for recorded in manifest.get("source_paths", []):
-        found = _locate(recorded, roots) if roots else None
+    for recorded in manifest["source_paths"]:
+        found = roots.locate(recorded)
         if found is not None:
             paths.append(str(found))
             relocated += 1
@@ -227,8 +242,6 @@ def _current_sources(manifest: dict, roots: list[Path]) -> tuple[list[list[str]]
             paths.append(recorded)
         else:
             missing.append(recorded)
-    if not manifest.get("source_paths"):   # an entry written before paths were kept: only its hashes are known
-        return manifest.get("factors", {}).get("sources", []), [], 0
     return source_factors(paths), missing, relocated
 
 
@@ -284,10 +297,12 @@ def _why_miss(root: Path, args) -> int:
         print(f"no cache entries under {root / inventory.CACHE_SUBDIR}: every compile is a miss")
         return 1
     env = _environment(device)
-    roots = [Path(d).expanduser() for d in args.sources or []]
-    for root in roots:
-        if not root.is_dir():
-            raise ValueError(f"--sources {root}: not a directory; pass the directory the model's code lives in")
+    directories = [Path(d).expanduser() for d in args.sources or []]
+    for directory in directories:
+        if not directory.is_dir():
+            raise ValueError(f"--sources {directory}: not a directory; pass the directory the model's code lives "
+                             "in")
+    roots = _SourceRoots(directories)
     best = None
     for entry in candidates:
         manifest = entry.manifest() or {}
@@ -312,8 +327,8 @@ def _why_miss(root: Path, args) -> int:
         print(f"entry {entry.hash} matches the current config and environment: it would be a hit")
     if missing:
         print(f"unknown: {len(missing)} traced source file(s) of entry {entry.hash} are not at the paths the cache "
-              "was built from" + (" nor under --sources" if roots else "") + ", so whether a start hits cannot be "
-              "told; pass --sources DIR (the directory the model's code lives in here):")
+              "was built from" + (" nor under --sources" if directories else "") + ", so whether a start hits "
+              "cannot be told; pass --sources DIR (the directory the model's code lives in here):")
         for path in missing:
             print(f"  {path}")
         _explain_saved_traces(entry, hit=False)
