@@ -8,6 +8,7 @@ dispatcher's replay path, and the GPU time of the step (CUDA events); then a cPr
 """
 
 import argparse
+import collections
 import cProfile
 import io
 import pstats
@@ -70,6 +71,7 @@ def main():
               f"forward {1e6 * statistics.median(host):.0f} us, of which dispatcher {1e6 * statistics.median(replay):.0f}"
               f" us; forward events {statistics.median(gpu_ms):.3f} ms")
         model.forward, dispatcher.run = forward, run
+        kernels_per_step(model, prompt, kwargs, args.new_tokens)
         profile = cProfile.Profile()
         profile.enable()
         model.generate(prompt, **kwargs)
@@ -78,6 +80,27 @@ def main():
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(30)
         print(out.getvalue()[:6000])
+
+
+def kernels_per_step(model, prompt, kwargs, steps):
+    """GPU kernels of one generate(), per decode step: what the forward's graph launches and what it costs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.generate(prompt, **kwargs)
+        torch.cuda.synchronize()
+    by_name = collections.defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = by_name[event.name[:90]]
+            entry[0] += 1
+            entry[1] += event.device_time
+    total = sum(t for _, t in by_name.values())
+    count = sum(n for n, _ in by_name.values())
+    print(f"kernels per generate(): {count} ({count / steps:.1f} per token), {total / 1000 / steps:.3f} ms of GPU "
+          f"time per token")
+    for name, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]:
+        print(f"  {t / 1000 / steps:8.4f} ms/token  {n / steps:6.1f}/token  {name}")
 
 
 if __name__ == "__main__":

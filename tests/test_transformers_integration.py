@@ -167,6 +167,31 @@ def test_decode_steps_replay_full_graphs_padded_to_capture_sizes(simulated_cuda)
     assert got.tolist() == _generate(eager).tolist()
     assert calls["cudagraph_replays"] == 15, calls   # every decode step after the prefill
     assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0 and calls["cudagraph_captures"] == 0
+    # Decode steps write their inputs straight into the graph buffers, which each prefill (and each batch size)
+    # overwrites with its own padding: batch sizes in turn, each against eager.
+    for rows in ([0], [0, 1], [1, 2, 0], [2]):
+        prompts, mask = PROMPTS[rows], MASK[rows]
+        assert _generate(model, prompts, mask).tolist() == _generate(eager, prompts, mask).tolist(), rows
+    assert model.vgc.stats()["cudagraphs"]["full_graphs"] == 3
+
+
+def test_decode_graph_step_checks_token_ids(simulated_cuda):
+    """The decode step that skips the compiled model's per-call checks still refuses an id outside the
+    embedding table (IndexError, as eager), and the cache is left as it was."""
+    model = _build("llama")
+    vgc_transformers.compile(model, max_batch_size=2, max_cache_len=MAX_CACHE_LEN,
+                             config={"cudagraph_mode": "full_and_piecewise", "cudagraph_capture_sizes": [1, 2]})
+    cache = vgc_transformers.VgcCache(model.vgc)
+    with torch.no_grad():
+        model(PROMPTS[:1], **{model.vgc.cache_keyword: cache})
+        seen, lens = cache.seen, cache.lens.clone()
+        with vgc.counters.delta() as calls, pytest.raises(IndexError, match="embed_tokens"):
+            model(torch.tensor([[model.config.vocab_size]]), **{model.vgc.cache_keyword: cache})
+        assert calls["cudagraph_replays"] == 0 and cache.seen == seen and cache.lens.tolist() == lens.tolist()
+        with vgc.counters.delta() as calls:
+            model(torch.tensor([[3]]), **{model.vgc.cache_keyword: cache})
+        assert calls["cudagraph_replays"] == 1, calls   # the same step, on the graph
+    assert cache.seen == seen + 1 and cache.lens.tolist() == [lens.item() + 1]
 
 
 @pytest.mark.gpu

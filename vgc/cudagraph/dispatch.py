@@ -104,6 +104,26 @@ class GraphDispatcher:
             check_replay(out, lambda: self.call(arguments), f"padded size {padded}")
         return out
 
+    # ---- for callers that own the inputs ----
+    def full_graph_inputs(self, size: int) -> dict[str, torch.Tensor] | None:
+        """The buffers the FULL graph of capture size `size` reads its dynamic arguments from, or None when no
+        FULL graph has that size. A caller that builds every input itself (an engine over its own KV cache)
+        writes them there, pad entries included, and calls `replay_full(size)`: no binding, no contract check,
+        no padding copy, no address check. What `run` checks is then the caller's to keep true: the same
+        non-dynamic tensors (KV caches) as at capture, inputs of the traced dtypes, inert pad entries."""
+        full = self.full.get(size)
+        return None if full is None else {name: full.inputs[name] for name in self.dynamic}
+
+    def replay_full(self, size: int):
+        """Replay the FULL graph of `size` on what its input buffers hold; returns its output, padded and in
+        graph memory (the next replay overwrites it)."""
+        full = self.full[size]
+        full.graph.replay()
+        counters.cudagraph_replays += 1
+        if self.runtime.debug and self._debug.due(size):
+            check_replay(full.output, lambda: self.call(full.inputs), f"padded size {size}")
+        return full.output
+
     def _ungraphed(self, arguments: dict):
         counters.eager_runs += 1
         with bypass_piece_graphs():   # piece graphs would read the padded buffers, not these inputs

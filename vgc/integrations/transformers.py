@@ -32,10 +32,12 @@ from typing import Any
 
 import torch
 
+from vgc import _compat
 from vgc.api import CompiledModel
 from vgc.api import compile as vgc_compile
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
+from vgc.cudagraph.padding import padded_size
 
 try:
     from transformers import AttentionInterface
@@ -235,6 +237,8 @@ class GenerationEngine:
             FlatModel(model, max_cache_len), config=_config(config, device, max_batch_size),
             dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=_is_decode)
         self._active: weakref.ref | None = None
+        self._steps: dict[int, _DecodeStep] = {}   # batch size -> its decode graph's in-place inputs
+        self._staged: _DecodeStep | None = None    # whose constant inputs the graph buffers hold now
         # The keyword generate() passes the cache under: `past_key_values` in transformers 5.17, `cache` later.
         self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -309,19 +313,42 @@ class GenerationEngine:
         return logits
 
     def _decode(self, cache: VgcCache, ids: torch.Tensor, new: torch.Tensor | None) -> torch.Tensor:
-        """One token per row, all on the device: no host sync. A token whose mask is 0 still runs, but its row's
-        length does not grow, so its K/V are never read (the next real token overwrites them)."""
+        """One token per row, all on the device (the token-id check reads two numbers back). A token whose mask
+        is 0 still runs, but its row's length does not grow, so its K/V are never read (the next real token
+        overwrites them)."""
         batch, positions = cache.batch, cache.lens
         lens = positions + (1 if new is None else new.view(batch))
-        logits = self.compiled(**self._flat(ids, positions, self.row_start[:batch] + positions,
-                                            self.block_table[:batch], lens, self._offsets[:batch + 1],
-                                            self._rows[:batch]))
+        step = self._graph_step(batch)
+        if step is not None:
+            logits = step.run(ids, positions, lens)
+        else:
+            self._staged = None
+            logits = self.compiled(**self._flat(ids, positions, self.row_start[:batch] + positions,
+                                                self.block_table[:batch], lens, self._offsets[:batch + 1],
+                                                self._rows[:batch]))
         cache.lens = lens   # only once the step ran: a refused call leaves the cache as it was
         return logits[:batch].unsqueeze(1)
+
+    def _graph_step(self, batch: int) -> "_DecodeStep | None":
+        """The FULL graph that serves a decode step of `batch` rows, its inputs written in place: the engine
+        builds every input itself, so the compiled model's per-call binding, checks and padding copies are
+        skipped (what they check holds by construction here; token ids are still checked)."""
+        graphs = self.compiled.graphs
+        if graphs is None:
+            return None
+        step = self._steps.get(batch)
+        if step is None:
+            padded = padded_size(batch, graphs.capture_sizes)
+            buffers = None if padded is None else graphs.full_graph_inputs(padded)
+            if buffers is None:
+                return None
+            step = self._steps[batch] = _DecodeStep(self, graphs, batch, padded, buffers)
+        return step
 
     def _prefill(self, cache: VgcCache, input_ids: torch.Tensor, new: torch.Tensor | None,
                  keep_all: bool) -> torch.Tensor:
         """The real tokens of each row (mask 1), appended to the row; one host sync (the token count)."""
+        self._staged = None   # the compiled model pads this call into the buffers the decode graphs read
         batch, columns = input_ids.shape
         real = torch.ones_like(input_ids, dtype=torch.bool) if new is None else new.bool()
         positions = cache.lens[:, None] + real.cumsum(1) - 1
@@ -348,6 +375,42 @@ class GenerationEngine:
                               "block_size": self.block_size,
                               "bytes": sum(t.numel() * t.element_size() for t in self.kv_caches)}
         return report
+
+
+class _DecodeStep:
+    """A decode step of `batch` rows on the FULL graph of capture size `padded`, its inputs written straight
+    into the graph's buffers. Rows past `batch` are padding, inert as `PAD_VALUES` makes them (slot -1 writes
+    no K/V, length 0 reads none). The inputs that do not change between steps (block table, offsets, logits
+    rows, every pad entry) are written once, and again after any other call padded its own inputs into the
+    same buffers."""
+
+    def __init__(self, engine: GenerationEngine, graphs, batch: int, padded: int, buffers: dict[str, torch.Tensor]):
+        self.engine, self.graphs, self.batch, self.padded = engine, graphs, batch, padded
+        self.id_check = graphs.id_check
+        b, pad = batch, padded - batch
+        self.moving = [buffers[name][:b] for name in ("input_ids", "positions", "seq_lens")]
+        self.slots = buffers["slot_mapping"][:b]
+        # What the graph reads that is the same on every step of this batch size, with the padding.
+        constant = {
+            "block_table": torch.cat([engine.block_table[:b], engine.block_table.new_zeros(pad, *engine.block_table.shape[1:])]),
+            "query_start_loc": torch.cat([engine._offsets[:b + 1], engine._offsets.new_full((pad,), b)]),
+            "logits_indices": torch.cat([engine._rows[:b], engine._rows.new_zeros(pad)]),
+        }
+        tails = {name: buffers[name][b:] for name in ("input_ids", "positions", "slot_mapping", "seq_lens")}
+        self.constant_targets = [buffers[name] for name in constant] + [t for t in tails.values() if t.numel()]
+        self.constant_sources = list(constant.values()) + [
+            torch.full_like(t, PAD_VALUES[name]) for name, t in tails.items() if t.numel()]
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        if self.id_check is not None:
+            self.id_check({"input_ids": ids})
+        engine = self.engine
+        if engine._staged is not self:
+            _compat.copy_many(self.constant_targets, self.constant_sources)
+            engine._staged = self
+        _compat.copy_many(self.moving, [ids, positions, lens])
+        torch.add(engine.row_start[:self.batch], positions, out=self.slots)
+        return self.graphs.replay_full(self.padded)
 
 
 def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: int | None = None,
