@@ -116,7 +116,9 @@ class GraphDispatcher:
 
     def replay_full(self, size: int):
         """Replay the FULL graph of `size` on what its input buffers hold; returns its output, padded and in
-        graph memory (the next replay overwrites it)."""
+        graph memory (the next replay overwrites it). Debug mode re-runs the model on those same buffers, so it
+        catches a graph that reads memory other than its buffers, not a caller that left a buffer unwritten
+        (`run` re-runs on the caller's own tensors and catches both)."""
         full = self.full[size]
         full.graph.replay()
         counters.cudagraph_replays += 1

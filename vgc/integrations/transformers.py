@@ -37,7 +37,7 @@ from vgc.api import CompiledModel
 from vgc.api import compile as vgc_compile
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
-from vgc.cudagraph.padding import padded_size
+from vgc.cudagraph.padding import pad_many, padded_size
 
 try:
     from transformers import AttentionInterface
@@ -323,11 +323,14 @@ class GenerationEngine:
             logits = step.run(ids, positions, lens)
         else:
             self._staged = None
-            logits = self.compiled(**self._flat(ids, positions, self.row_start[:batch] + positions,
-                                                self.block_table[:batch], lens, self._offsets[:batch + 1],
-                                                self._rows[:batch]))
+            logits = self.compiled(**self._decode_inputs(ids, positions, lens))
         cache.lens = lens   # only once the step ran: a refused call leaves the cache as it was
         return logits[:batch].unsqueeze(1)
+
+    def _decode_inputs(self, ids: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor) -> dict:
+        batch = ids.shape[0]
+        return self._flat(ids, positions, self.row_start[:batch] + positions, self.block_table[:batch], lens,
+                          self._offsets[:batch + 1], self._rows[:batch])
 
     def _graph_step(self, batch: int) -> "_DecodeStep | None":
         """The FULL graph that serves a decode step of `batch` rows, its inputs written in place: the engine
@@ -379,37 +382,28 @@ class GenerationEngine:
 
 class _DecodeStep:
     """A decode step of `batch` rows on the FULL graph of capture size `padded`, its inputs written straight
-    into the graph's buffers. Rows past `batch` are padding, inert as `PAD_VALUES` makes them (slot -1 writes
-    no K/V, length 0 reads none). The inputs that do not change between steps (block table, offsets, logits
-    rows, every pad entry) are written once, and again after any other call padded its own inputs into the
-    same buffers."""
+    into the graph's buffers. The first step (and the first after any other call padded its own inputs into
+    the same buffers) writes every input with its padding, as the compiled model pads a call; later steps write
+    only what changes from step to step: token ids, positions, lengths and slots."""
 
     def __init__(self, engine: GenerationEngine, graphs, batch: int, padded: int, buffers: dict[str, torch.Tensor]):
-        self.engine, self.graphs, self.batch, self.padded = engine, graphs, batch, padded
+        self.engine, self.graphs, self.batch, self.padded, self.buffers = engine, graphs, batch, padded, buffers
         self.id_check = graphs.id_check
-        b, pad = batch, padded - batch
-        self.moving = [buffers[name][:b] for name in ("input_ids", "positions", "seq_lens")]
-        self.slots = buffers["slot_mapping"][:b]
-        # What the graph reads that is the same on every step of this batch size, with the padding.
-        constant = {
-            "block_table": torch.cat([engine.block_table[:b], engine.block_table.new_zeros(pad, *engine.block_table.shape[1:])]),
-            "query_start_loc": torch.cat([engine._offsets[:b + 1], engine._offsets.new_full((pad,), b)]),
-            "logits_indices": torch.cat([engine._rows[:b], engine._rows.new_zeros(pad)]),
-        }
-        tails = {name: buffers[name][b:] for name in ("input_ids", "positions", "slot_mapping", "seq_lens")}
-        self.constant_targets = [buffers[name] for name in constant] + [t for t in tails.values() if t.numel()]
-        self.constant_sources = list(constant.values()) + [
-            torch.full_like(t, PAD_VALUES[name]) for name, t in tails.items() if t.numel()]
+        self.moving = [buffers[name][:batch] for name in ("input_ids", "positions", "seq_lens")]
+        self.slots = buffers["slot_mapping"][:batch]
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         if self.id_check is not None:
             self.id_check({"input_ids": ids})
         engine = self.engine
         if engine._staged is not self:
-            _compat.copy_many(self.constant_targets, self.constant_sources)
+            inputs = engine._decode_inputs(ids, positions, lens)
+            pad_many([(buffer, inputs[name], _DYNAMIC[name], PAD_VALUES[name])
+                      for name, buffer in self.buffers.items()], self.padded - self.batch)
             engine._staged = self
-        _compat.copy_many(self.moving, [ids, positions, lens])
-        torch.add(engine.row_start[:self.batch], positions, out=self.slots)
+        else:
+            _compat.copy_many(self.moving, [ids, positions, lens])
+            torch.add(engine.row_start[:self.batch], positions, out=self.slots)
         return self.graphs.replay_full(self.padded)
 
 
