@@ -257,6 +257,12 @@ def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
     torch._dynamo.mark_dynamic(tensor, dim)
 
 
+def maybe_mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Like `mark_dynamic`, but a trace that needs one value of the size specialises it (a guard `size == n`)
+    instead of failing."""
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
 def mark_unbacked(tensor: torch.Tensor, dim: int, shape_id: str | None = None) -> None:
     """Make Dynamo trace `dim` of `tensor` as an unbacked size; dims with one `shape_id` share a symbol where
     torch accepts `shape_id` (newer versions only)."""

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from vgc import _compat
+from vgc import compile_ranges
 from vgc.backend import VgcBackend
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
 from vgc.contract import (DimSpec, InputContract, argument_specs, check_dynamic_arg_dims, dynamic_dims,
@@ -25,7 +26,7 @@ from vgc.contract import (DimSpec, InputContract, argument_specs, check_dynamic_
 from vgc.counters import counters
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.distributed import StartCheckIn
-from vgc.guards import argument_tensors
+from vgc.guards import InputMismatchError, argument_tensors
 from vgc.trace_session import TraceSession
 
 logger = logging.getLogger("vgc")
@@ -57,18 +58,38 @@ class CompiledModel:
         self._seconds: dict[str, float] = {}
         self.trace_source: str | None = None   # "saved" (loaded, no Dynamo), "traced" (and saved) or "traced-live"
         self.warmed_up = False
+        self.ranges: list[compile_ranges.CompileRange] = []   # by size, when warm-up traced compile ranges
+        self._other_ranges: list[CompiledModel] = []           # the ranges' models other than this one
+        self._uncovered: list[tuple[int, int]] = []
+        self._range_index = 0   # which range of its model this one is: part of its saved trace's identity
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
         if self.contract is None:
             return self._start(args, kwargs)
         arguments = self._bind(args, kwargs)
-        self.contract.check(arguments)
+        try:
+            self.contract.check(arguments)
+        except InputMismatchError as e:
+            if not self._other_ranges:
+                raise
+            return self._routed(arguments, args, kwargs, e)
+        return self._serve(arguments, args, kwargs)
+
+    def _serve(self, arguments: dict[str, Any], args, kwargs):
         # Inference only: traced and run without autograd, whatever the caller's grad mode.
         with torch.no_grad():
             if self.graphs is not None:
                 return self.graphs.run(arguments)
             return self._run(*args, **kwargs)
+
+    def _routed(self, arguments: dict[str, Any], args, kwargs, refusal: InputMismatchError):
+        for other in self._other_ranges:
+            if other.contract.accepts(arguments):
+                return other._serve(arguments, args, kwargs)
+        covered = ", ".join(f"{r.low}-{r.high}" for r in self.ranges)
+        raise InputMismatchError(f"{refusal}. No compile range serves this call either (they cover make_inputs "
+                                 f"sizes {covered})") from None
 
     def _call_arguments(self, arguments: dict[str, Any]):
         bound = inspect.BoundArguments(self._signature, arguments)   # positional-only and *args stay positional
@@ -105,16 +126,18 @@ class CompiledModel:
         device = _compat.device_from_inputs(tensors)
         if self._graph_mode(device) != CUDAGraphMode.NONE:
             padded_dims(dynamic, arguments)   # a model CUDA graphs cannot pad fails now, not after compiling
-        session = TraceSession(self, arguments, device.type, (specs, dynamic, mode.value))
+        identity = (specs, dynamic, mode.value) + ((("compile range", self._range_index),) if self._range_index else ())
+        session = TraceSession(self, arguments, device.type, identity)
         run, out = session.load(args, kwargs), None
         if run is None:
-            mark_dynamic_dims(arguments, dynamic, mode)
+            mark_dynamic_dims(arguments, dynamic, mode, may_specialise=self._range_index > 0)
             run, out = session.trace(args, kwargs)
         if len(self.backend.graphs) != 1:   # fullgraph=True: Dynamo hands the backend exactly one graph
             raise RuntimeError(f"vgc: expected one Dynamo graph from the trace, got {len(self.backend.graphs)}")
         graph = self.backend.graphs[0]
         contract = InputContract(self._signature, arguments, specs, dynamic, graph.shape_guards,
-                                 graph.compiler_guards)
+                                 graph.compiler_guards,
+                                 logging.INFO if self.config.compile_ranges_max_size else logging.WARNING)
         self._run = run
         if out is None:   # a saved or captured program has not run yet
             check_in.ready(graph.collectives)
@@ -169,29 +192,80 @@ class CompiledModel:
         `make_inputs(n)` returns the model's kwargs (a dict), args (a tuple or list) or its one argument (a
         tensor, or any other value) for a dynamic size `n`;
         `make_decode_inputs(n)`, when given, makes the uniform decode batches FULL graphs are captured with.
+        With `compile_ranges_max_size`, sizes 2 to it are covered by a trace per range of the model's size
+        conditions (`vgc.compile_ranges`), each range capturing the capture sizes inside it.
         """
         if self.warmed_up:
             return self.stats()
         start = time.perf_counter()
+        size = trace_size if trace_size is not None else max([16, *self.config.compile_sizes])
         if self.contract is None:
-            size = trace_size if trace_size is not None else max([16, *self.config.compile_sizes])
             self._call_with(make_inputs(size))
+        if self.config.compile_ranges_max_size:
+            self._trace_ranges(make_inputs, size)
         for size in self.config.compile_sizes:
             self._call_with(make_inputs(size))
-        if self.graphs is not None:
-            capture_start = time.perf_counter()
-            as_arguments = lambda maker: lambda n: self._as_arguments(maker(n))  # noqa: E731
-            self.graphs.capture_all(as_arguments(make_inputs), as_arguments(make_decode_inputs or make_inputs))
+        capture_start = time.perf_counter()
+        for model in [self, *self._other_ranges]:
+            model._capture(make_inputs, make_decode_inputs or make_inputs)
+            model.warmed_up = True
+        if self.graphs is not None or any(m.graphs is not None for m in self._other_ranges):
             self._seconds["cudagraph_capture"] = time.perf_counter() - capture_start
-        self.warmed_up = True
         self._seconds["warmup"] = time.perf_counter() - start
         return self.stats()
+
+    def _trace_ranges(self, make_inputs: Callable[[int], Any], size: int) -> None:
+        """Compile ranges: trace again past each end of the sizes this trace serves, until 2 to
+        `compile_ranges_max_size` are covered (`vgc.compile_ranges`)."""
+        high = self.config.compile_ranges_max_size
+        if not 2 <= size <= high:
+            raise ValueError(f"compile_ranges_max_size={high} must be at least the trace size {size} (and >= 2)")
+
+        def accepts(model: CompiledModel, n: int) -> bool:
+            try:
+                inputs = make_inputs(n)
+            except Exception:   # a size the caller's inputs cannot be made at
+                return False
+            return model.contract.accepts(self._inputs_as_arguments(inputs))
+
+        def trace_at(n: int, index: int) -> CompiledModel | None:
+            model = CompiledModel(self.model, self.config, self.dynamic_arg_dims, self.pad_values,
+                                  self.uniform_decode)
+            model._range_index = index
+            try:
+                model._call_with(make_inputs(n))
+            except Exception as e:   # e.g. a size the model itself refuses
+                logger.warning("compile ranges: the trace at size %d failed (%s: %s)", n, type(e).__name__, e)
+                return None
+            return model
+
+        if not accepts(self, size):
+            logger.warning("compile ranges: the model was traced before warmup() with inputs unlike "
+                           "make_inputs(%d); no ranges traced", size)
+            return
+        self.ranges, self._uncovered = compile_ranges.cover(self, size, 2, high, accepts, trace_at)
+        self._other_ranges = [r.model for r in self.ranges if r.model is not self]
+        for r in self.ranges:
+            if r.model.graphs is not None:   # each range captures the sizes it serves
+                r.model.graphs = r.model.graphs.restricted(r.low, r.high)
+        logger.info("compile ranges: %d trace(s) cover sizes %s%s", len(self.ranges),
+                    ", ".join(f"{r.low}-{r.high}" for r in self.ranges),
+                    f"; not covered: {', '.join(f'{a}-{b}' for a, b in self._uncovered)}" if self._uncovered
+                    else "")
+
+    def _capture(self, make_inputs: Callable[[int], Any], make_decode_inputs: Callable[[int], Any]) -> None:
+        if self.graphs is not None:
+            as_arguments = lambda maker: lambda n: self._as_arguments(maker(n))  # noqa: E731
+            self.graphs.capture_all(as_arguments(make_inputs), as_arguments(make_decode_inputs))
 
     def _call_with(self, inputs):
         return self(**inputs) if isinstance(inputs, dict) else self(*_positional(inputs))
 
+    def _inputs_as_arguments(self, inputs) -> dict[str, Any]:
+        return self._bind((), inputs) if isinstance(inputs, dict) else self._bind(_positional(inputs), {})
+
     def _as_arguments(self, inputs) -> dict[str, Any]:
-        arguments = self._bind((), inputs) if isinstance(inputs, dict) else self._bind(_positional(inputs), {})
+        arguments = self._inputs_as_arguments(inputs)
         self.contract.check(arguments)
         return arguments
 
@@ -201,6 +275,9 @@ class CompiledModel:
         report.update(warmed_up=self.warmed_up, seconds=dict(self._seconds), counters=counters.as_dict(),
                       dynamic_dims=self.contract.report() if self.contract is not None else {},
                       cudagraphs=self.graphs.report() if self.graphs is not None else None)
+        if self.ranges:
+            report["compile_ranges"] = [r.report() for r in self.ranges]
+            report["compile_ranges_uncovered"] = [list(u) for u in self._uncovered]
         return report
 
 

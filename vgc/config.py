@@ -239,6 +239,12 @@ class CompilationConfig:
     max_cudagraph_capture_size: int = _field(
         "Largest capture size: larger `cudagraph_capture_sizes` entries are dropped.",
         _int_at_least(1), in_hash=False, default=512)
+    compile_ranges_max_size: int = _field(
+        "`vgc.compile` compile ranges: `warmup(make_inputs)` covers the sizes 2 up to this one. Where the model's "
+        "size conditions (a branch on a dynamic size, a window, a bound in Inductor's code) split them, each side "
+        "gets its own trace and artifacts, and each call runs on the range whose conditions it meets. 0: one trace; "
+        "a call on the other side of a condition raises InputMismatchError.", _int_at_least(0), in_hash=False,
+        default=0)
     dynamic_shapes_config: DynamicShapesConfig = _field(
         "How `vgc.compile` treats dynamic sizes: `backed`, `unbacked` or `backed_size_oblivious` "
         "(a string, a dict or a `DynamicShapesConfig`).", _dynamic_shapes, in_hash=True, factory=DynamicShapesConfig)

@@ -15,8 +15,8 @@ from typing import Any
 
 from vgc import _compat
 from vgc.config import DynamicShapesType
-from vgc.guards import (SizeGuard, SizeLocation, TensorSpec, argument_tensors, build_size_guards, describe, follow,
-                        render_path, spec_of)
+from vgc.guards import (InputMismatchError, SizeGuard, SizeLocation, TensorSpec, argument_tensors,
+                        build_size_guards, describe, follow, render_path, spec_of)
 
 logger = logging.getLogger("vgc")
 
@@ -110,8 +110,11 @@ def argument_specs(arguments: dict[str, Any], dynamic: DynamicDims) -> dict[str,
             for name, value in arguments.items()}
 
 
-def mark_dynamic_dims(arguments: dict[str, Any], dynamic: DynamicDims, mode: DynamicShapesType) -> None:
-    """Tell Dynamo which dims of the call about to be traced vary, per the dynamic-shapes mode."""
+def mark_dynamic_dims(arguments: dict[str, Any], dynamic: DynamicDims, mode: DynamicShapesType,
+                      may_specialise: bool = False) -> None:
+    """Tell Dynamo which dims of the call about to be traced vary, per the dynamic-shapes mode; `may_specialise`
+    lets a backed size the trace needs one value of become a checked `size == n` (a compile range of one size)
+    instead of an error."""
     for name, value in arguments.items():
         for steps, tensor in argument_tensors(value):
             where = name + render_path(steps)
@@ -124,7 +127,7 @@ def mark_dynamic_dims(arguments: dict[str, Any], dynamic: DynamicDims, mode: Dyn
                         f"{where}: dim {dim} has size {tensor.shape[dim]} at the first call; BACKED dynamic shapes "
                         "specialise sizes 0 and 1, so the single trace must use a size >= 2. Call "
                         "warmup(make_inputs) or first call with a larger input, or use DynamicShapesType.UNBACKED")
-                _compat.mark_dynamic(tensor, dim)
+                (_compat.maybe_mark_dynamic if may_specialise else _compat.mark_dynamic)(tensor, dim)
 
 
 def padded_dims(dynamic: DynamicDims, names) -> dict[str, int]:
@@ -171,12 +174,14 @@ class InputContract:
     """What the traced graph assumes of its inputs, checked on every call instead of Dynamo's guards."""
 
     def __init__(self, signature: inspect.Signature, traced_arguments: dict[str, Any], specs: dict[str, Any],
-                 dynamic: DynamicDims, shape_guards: list, compiler_guards: list = ()):
+                 dynamic: DynamicDims, shape_guards: list, compiler_guards: list = (),
+                 conditions_level: int | None = logging.WARNING):
         self.dynamic = dynamic
         self.specs = specs
         resolve = functools.partial(_resolve_location, signature, traced_arguments)
-        self.size_guards: list[SizeGuard] = build_size_guards(shape_guards, resolve) + \
-            build_size_guards(compiler_guards, resolve, by_inductor=True)
+        self.size_guards: list[SizeGuard] = build_size_guards(shape_guards, resolve,
+                                                              conditions_level=conditions_level) + \
+            build_size_guards(compiler_guards, resolve, by_inductor=True, conditions_level=conditions_level)
 
     def check(self, arguments: dict[str, Any]) -> None:
         """Raise `InputMismatchError` naming the argument and the fix when a call breaks the contract."""
@@ -186,6 +191,13 @@ class InputContract:
                 spec.check(f"argument {name!r}", value)
         for guard in self.size_guards:
             guard.check(arguments)
+
+    def accepts(self, arguments: dict[str, Any]) -> bool:
+        try:
+            self.check(arguments)
+        except InputMismatchError:
+            return False
+        return True
 
     def report(self) -> dict[str, list[int]]:
         return {name: sorted(dims) for name, dims in self.dynamic.items() if dims}

@@ -224,7 +224,8 @@ class SizeGuard:
                 f"these inputs break an assumption of the traced graph: {self.text} "
                 f"(sizes {', '.join(f'{size_name(s)}={v}' for s, v in zip(self.sizes, values))})"
                 f"{'; it comes from: ' + self.origin if self.origin else ''}. The traced graph is only valid for "
-                "such inputs; trace with inputs on the other side, or make the code size-independent")
+                "such inputs; trace with inputs on the other side, set compile_ranges_max_size so that "
+                "warmup() traces each side of it, or make the code size-independent")
 
 
 def size_name(location: SizeLocation) -> str:
@@ -331,9 +332,11 @@ def snapshot_shape_guards(fake_mode) -> list[tuple[sympy.Basic, str, dict[sympy.
 
 
 def build_size_guards(snapshot, resolve: Callable[[SizeLocation], SizeLocation | None],
-                      by_inductor: bool = False) -> list[SizeGuard]:
+                      by_inductor: bool = False, conditions_level: int | None = logging.WARNING) -> list[SizeGuard]:
     """Per-call checks for the shape guards of a trace; `resolve` maps where Dynamo read a size to where it is in
-    the call's bound arguments (None: not in them). `by_inductor` for the assumptions Inductor added."""
+    the call's bound arguments (None: not in them). `by_inductor` for the assumptions Inductor added;
+    `conditions_level` logs each condition that is not an equality (None: not logged; compile ranges expect
+    them, and log at INFO)."""
     guards, seen = [], set()
     for expr, origin, sources in snapshot:
         symbols = sorted(expr.free_symbols, key=str)
@@ -352,12 +355,14 @@ def build_size_guards(snapshot, resolve: Callable[[SizeLocation], SizeLocation |
                            "break it will give wrong results", text, origin or "unknown code")
             continue
         guards.append(SizeGuard(text, origin, [locations[s] for s in symbols], _evaluator(expr, symbols)))
+        if conditions_level is None:
+            continue
         if by_inductor:
             logger.info("Inductor compiled the symbolic-size code assuming %s; every call is checked against it",
                         text)
         elif not _is_equality(expr):
-            logger.warning("the traced graph holds only when %s (from %s), e.g. a branch on a dynamic size; calls "
-                           "that break it raise InputMismatchError", text, origin or "unknown code")
+            logger.log(conditions_level, "the traced graph holds only when %s (from %s), e.g. a branch on a dynamic "
+                       "size; calls that break it raise InputMismatchError", text, origin or "unknown code")
     return guards
 
 

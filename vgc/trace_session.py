@@ -43,7 +43,7 @@ class TraceSession:
         self.forward = owner._forward
         self.arguments = arguments
         self.device_type = device_type
-        self.specs, self.dynamic, _ = contract
+        self.specs, self.dynamic = contract[:2]
         self.identity = saved_traces.identity(self.forward, contract)
         self.structure = model_structure(self.model)
         self.seconds: dict[str, float] = {}
@@ -117,7 +117,7 @@ class TraceSession:
         plan = saved.plan
         try:
             InputContract(self.owner._signature, self.arguments, self.specs, self.dynamic, plan.shape_guards,
-                          plan.compiler_guards).check(self.arguments)
+                          plan.compiler_guards, conditions_level=None).check(self.arguments)
         except InputMismatchError as e:
             return f"this call breaks an assumption of the saved trace ({e})"
         if plan.structure != self.structure:

@@ -70,6 +70,15 @@ class GraphDispatcher:
         self.use_full = mode in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
         self.use_piecewise = mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
 
+    def restricted(self, low: int, high: int) -> "GraphDispatcher | None":
+        """This dispatcher keeping only the capture sizes in [low, high] (its compile range's), before capture;
+        None when none is left (the range runs without graphs)."""
+        sizes = [s for s in self.capture_sizes if low <= s <= high]
+        if not sizes:
+            return None
+        self.capture_sizes, self.static = sizes, StaticInputs(sizes[-1], self.static.pad_values)
+        return self
+
     # ---- per call ----
     def batch_size(self, arguments: dict) -> int:
         return arguments[self.size_arg].shape[self.dynamic[self.size_arg]]
