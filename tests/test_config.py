@@ -25,7 +25,8 @@ def test_config_fields_keep_their_names_and_defaults():
     config = vgc.CompilationConfig()
     assert [f.name for f in dataclasses.fields(config)] == [
         "splitting_ops", "compile_sizes", "inductor_compile_config", "compile_sizes_inductor_config",
-        "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "dynamic_shapes_config",
+        "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "compile_ranges_max_size",
+        "dynamic_shapes_config",
         "cache_dir", "compile_cache_save_format", "cudagraph_mm_encoder", "encoder_cudagraph_token_budgets",
         "encoder_cudagraph_max_vision_items_per_batch", "encoder_cudagraph_max_frames_per_batch", "pass_config",
         "inductor_passes", "debug"]

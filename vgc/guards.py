@@ -216,6 +216,7 @@ class SizeGuard:
     origin: str                                # the user code that made Dynamo guard, when known
     sizes: list[SizeLocation]                  # where each symbol's value is read, in order
     evaluate: Callable[..., bool]
+    condition: bool = True   # a condition on a size (a branch, a bound), not an equality between sizes
 
     def check(self, arguments: dict[str, Any]) -> None:
         values = [follow(arguments[arg], steps).shape[dim] for arg, steps, dim in self.sizes]
@@ -224,8 +225,9 @@ class SizeGuard:
                 f"these inputs break an assumption of the traced graph: {self.text} "
                 f"(sizes {', '.join(f'{size_name(s)}={v}' for s, v in zip(self.sizes, values))})"
                 f"{'; it comes from: ' + self.origin if self.origin else ''}. The traced graph is only valid for "
-                "such inputs; trace with inputs on the other side, set compile_ranges_max_size so that "
-                "warmup() traces each side of it, or make the code size-independent")
+                "such inputs; trace with inputs on the other side, "
+                f"{'set compile_ranges_max_size so that warmup() traces each side of it, ' if self.condition else ''}"
+                "or make the code size-independent")
 
 
 def size_name(location: SizeLocation) -> str:
@@ -354,7 +356,8 @@ def build_size_guards(snapshot, resolve: Callable[[SizeLocation], SizeLocation |
             logger.warning("the traced graph assumes %s (from %s), which vgc cannot check per call; calls that "
                            "break it will give wrong results", text, origin or "unknown code")
             continue
-        guards.append(SizeGuard(text, origin, [locations[s] for s in symbols], _evaluator(expr, symbols)))
+        guards.append(SizeGuard(text, origin, [locations[s] for s in symbols], _evaluator(expr, symbols),
+                                not _is_equality(expr)))
         if conditions_level is None:
             continue
         if by_inductor:
