@@ -119,3 +119,19 @@ def test_each_range_captures_the_graph_sizes_inside_it(simulated_cuda):
     with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
         for n in (3, 4, 6, 12, 40, 45, 60):   # padded inside its range: 6 runs eagerly past 4, 45 pads to 48
             torch.testing.assert_close(compiled(_inputs(n)), model(_inputs(n)), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.gpu
+def test_ranges_capture_real_cuda_graphs_per_range():
+    model = Branchy().cuda()
+    compiled = vgc.compile(model, {"compile_ranges_max_size": 64, "cudagraph_mode": "piecewise",
+                                   "cudagraph_capture_sizes": [4, 8, 16, 48], "cache_dir": None},
+                           pad_values={"x": 0})
+    compiled.warmup(lambda n: _inputs(n).cuda())
+    assert [r.model.graphs.capture_sizes for r in compiled.ranges] == [[4], [8, 16], [48]]
+    replays = vgc.counters.cudagraph_replays
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
+        for n in (3, 4, 12, 45):
+            x = _inputs(n).cuda()
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert vgc.counters.cudagraph_replays > replays
