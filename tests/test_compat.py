@@ -296,3 +296,20 @@ def test_private_torch_apis_are_used_only_in_compat():
         text = tokenize.untokenize(code)
         offenders += [f"{path.name}: {m.group(0)}" for m in _PRIVATE_TORCH.finditer(text)]
     assert offenders == []
+
+
+def test_forget_size_history_keeps_compiled_code_and_forgets_dims_seen_varying(fresh_counters):
+    from torch._dynamo import pgo
+
+    def scale(x):
+        return x * 2
+
+    compiled = torch.compile(scale, backend="eager")
+    for n in (2, 3):   # the second size makes Dynamo mark dim 0 dynamic in its code state
+        compiled(torch.ones(n))
+    assert any("scale" in str(key) for key in pgo.get_code_state())
+    _compat.forget_size_history()
+    assert not any("scale" in str(key) for key in pgo.get_code_state())
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    torch.testing.assert_close(compiled(torch.ones(5)), torch.full((5,), 2.0))   # still compiled: no new graph
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames

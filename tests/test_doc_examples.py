@@ -47,6 +47,7 @@ RECORDED_WITH = "2.13."
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.skipif(not __import__("torch").__version__.startswith(RECORDED_WITH),
                     reason=f"docs/dynamic-shapes.md records outputs of torch {RECORDED_WITH}x, CI's torch")
 def test_doc_outputs_are_current():

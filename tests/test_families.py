@@ -3,7 +3,7 @@ SDPA, and `vgc.compile` with compile ranges over sizes on both sides of the fami
 give eager's outputs (fp32, `FP32_TOL`) and never crash; `vgc.compile` must not trace or compile after warm-up.
 
 About 8 minutes on 2 cores (60 cold Inductor compiles and more), so the README's suite leaves it out (marker
-`families`) and `.ci/run` runs it as a second step: `pytest -q -m families`.
+`extended`) and `.ci/run` runs it as a second step: `pytest -q -m extended`.
 """
 
 import pytest
@@ -15,7 +15,7 @@ from conftest import FP32_TOL
 pytest.importorskip("transformers")
 from families import FAMILIES  # noqa: E402
 
-pytestmark = pytest.mark.families
+pytestmark = pytest.mark.extended
 
 SDPA = "aten::scaled_dot_product_attention"
 _MODELS: dict[str, torch.nn.Module] = {}

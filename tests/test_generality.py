@@ -1,4 +1,5 @@
-"""Models vgc has never seen: unmodified Hugging Face transformers, split at aten SDPA, compared with eager."""
+"""Models vgc has never seen: unmodified Hugging Face transformers, split at aten SDPA, compared with eager, at three
+layers (identical pieces compile once). `test_families.py` (marker `extended`) covers 20 families three ways."""
 
 import pytest
 import torch
@@ -13,13 +14,6 @@ SDPA_SPLIT = vgc.CompilationConfig(splitting_ops=["aten::scaled_dot_product_atte
 
 def _llama():
     return hf_llama(num_hidden_layers=3)
-
-
-def _gpt2():
-    config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=3, n_head=4, n_positions=128,
-                                     bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    return transformers.GPT2Model(config).eval()
 
 
 class LastHidden(torch.nn.Module):
@@ -43,7 +37,7 @@ def _phi3():
     return transformers.Phi3Model(config).eval()
 
 
-@pytest.mark.parametrize("build", [_llama, _gpt2, _phi3], ids=["llama", "gpt2", "phi3"])
+@pytest.mark.parametrize("build", [_llama, _phi3], ids=["llama", "phi3"])
 def test_hf_model_dropin_split_at_sdpa(build, fresh_counters, no_cache):
     model = LastHidden(build())
     backend = vgc.VgcBackend(SDPA_SPLIT)
@@ -57,7 +51,7 @@ def test_hf_model_dropin_split_at_sdpa(build, fresh_counters, no_cache):
     assert len(graph.unique_keys) <= 3
 
 
-@pytest.mark.parametrize("build", [_llama, _phi3], ids=["llama", "phi3"])
+@pytest.mark.parametrize("build", [_llama], ids=["llama"])
 def test_hf_model_traced_once_over_sequence_lengths(build, fresh_counters, dynamo_counters, no_cache):
     model = LastHidden(build())
     compiled = vgc.compile(model, config=SDPA_SPLIT, dynamic_arg_dims={"input_ids": 1})

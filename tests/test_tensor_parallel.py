@@ -196,6 +196,7 @@ def test_the_collective_op_without_a_process_group_names_the_fix():
         vgc.ops.collectives.register_group()
 
 
+@pytest.mark.extended
 def test_the_tensor_parallel_benchmark_runs_every_row_and_restarts_warm(tmp_path):
     # the CPU smoke run of `vgc bench decode --tp`: every row at TP=1 and TP=2 in one run, equal outputs, and a warm
     # restart of both ranks that neither traces nor compiles

@@ -412,6 +412,19 @@ def _state_sources(gm) -> dict[str, str]:
     return found
 
 
+def forget_size_history() -> None:
+    """Forget which sizes Dynamo has seen change, per code object (its automatic-dynamic state, private
+    `torch._dynamo.pgo`), without dropping compiled code: a benchmark that compiles one model class under several
+    strategies in one process would otherwise trace each strategy with the dims an earlier one saw vary."""
+    try:
+        from torch._dynamo import pgo
+    except ImportError:   # a torch without it keeps this state per compiled function
+        return
+    reset = getattr(pgo, "reset_code_state", None)
+    if reset is not None:
+        reset()
+
+
 def allow_recompiles(limit: int) -> None:
     """Let Dynamo keep at least `limit` compiled versions of one frame (private `torch._dynamo.config`): a
     benchmark compiles one model's forward under several strategies."""
