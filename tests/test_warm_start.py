@@ -90,6 +90,40 @@ def test_warm_process_makes_no_trace_and_no_inductor_call(user_model):
     assert not warm["warnings"]
 
 
+# An unmodified transformers model: transformers 5 decorates its forward (`check_model_inputs`, `can_return_tuple`).
+HF_MODEL_SOURCE = textwrap.dedent('''
+    import torch
+    import transformers
+
+
+    def build():
+        config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                          attn_implementation="sdpa")
+        torch.manual_seed(0)
+        return transformers.LlamaModel(config).eval()
+
+
+    def inputs(n):
+        return {"input_ids": torch.randint(1, 128, (n, 8), generator=torch.Generator().manual_seed(n))}
+''')
+
+
+def test_an_unmodified_transformers_model_loads_its_saved_trace_in_the_next_process(tmp_path):
+    """Its forward is a decorator's wrapper, which torch cannot save by name: the trace goes through
+    `trace_session.call_forward`, and the module the output's class comes from is recorded as an import."""
+    pytest.importorskip("transformers")
+    model_file = tmp_path / "hf_model.py"
+    model_file.write_text(HF_MODEL_SOURCE)
+    cold = run_worker(tmp_path / "root", model_file)
+    warm = run_worker(tmp_path / "root", model_file)
+    assert cold["trace_source"] == "traced" and cold["counters"]["traces_saved"] == 1
+    assert warm["trace_source"] == "saved" and warm["counters"]["traces_loaded"] == 1
+    assert warm["counters"]["dynamo_traces"] == 0 and warm["counters"]["inductor_compiles"] == 0
+    assert cold["max_diff"] < 1e-4 and warm["max_diff"] < 1e-4   # against eager, batch sizes 1, 3, 16, 21
+    assert not [w for w in warm["warnings"] if "trace" in w]
+
+
 def test_edited_model_source_misses_and_is_correct(user_model, tmp_path):
     root, model_file, _, _ = user_model
     copy, edited = tmp_path / "root", tmp_path / "user_model.py"

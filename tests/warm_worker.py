@@ -47,6 +47,8 @@ def main() -> None:
             batch = inputs(n)
             eager = model(**batch) if isinstance(batch, dict) else model(*batch)
             out = compiled(**batch) if isinstance(batch, dict) else compiled(*batch)
+            if not isinstance(out, torch.Tensor):   # a transformers model's output
+                eager, out = eager.last_hidden_state, out.last_hidden_state
             max_diff = max(max_diff, (out - eager).abs().max().item())
     print(json.dumps({"counters": vgc.counters.as_dict(), "trace_source": compiled.trace_source,
                       "max_diff": max_diff, "seconds": report["seconds"], "warnings": warnings.messages}))

@@ -13,6 +13,7 @@ import functools
 import inspect
 import re
 import sys
+import types
 from typing import Any, Callable
 
 import sympy
@@ -589,6 +590,24 @@ def aot_guard_failure(program, args: tuple, kwargs: dict) -> str | None:
         return str(program._artifacts.guard_manager.check_verbose(program.prepare_f_locals(*args, **kwargs)))
     except Exception as e:  # the reason is for a log line only
         return f"(no reason: {type(e).__name__})"
+
+
+def aot_import_module_aliases(program, f_globals: dict) -> list[str]:
+    """Record, as imports a loading process makes itself, the modules the program's code reads through aliases
+    Dynamo put into the traced function's globals by object id (`___module_collections_<id>_c0`): torch saves
+    imports and picklable globals but not these, and a later process has no such name. Returns the aliases."""
+    import builtins
+
+    env = program._artifacts.runtime_env
+    named = []
+    for ref in sorted(env.external_refs):
+        value = f_globals.get(ref)
+        if ref in env.used_globals or ref in env.import_sources or hasattr(builtins, ref) or \
+                not isinstance(value, types.ModuleType):
+            continue
+        env.import_sources[ref] = value.__name__
+        named.append(ref)
+    return named
 
 
 def aot_skip_guards(program) -> None:

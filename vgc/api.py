@@ -17,8 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from vgc import _compat
-from vgc import compile_ranges
+from vgc import _compat, compile_ranges
 from vgc.backend import VgcBackend
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
 from vgc.contract import (DimSpec, InputContract, argument_specs, check_dynamic_arg_dims, dynamic_dims,
@@ -126,7 +125,9 @@ class CompiledModel:
         device = _compat.device_from_inputs(tensors)
         if self._graph_mode(device) != CUDAGraphMode.NONE:
             padded_dims(dynamic, arguments)   # a model CUDA graphs cannot pad fails now, not after compiling
-        identity = (specs, dynamic, mode.value) + ((("compile range", self._range_index),) if self._range_index else ())
+        identity = (specs, dynamic, mode.value)
+        if self._range_index:   # each compile range past the first is a trace of its own
+            identity += (("compile range", self._range_index),)
         session = TraceSession(self, arguments, device.type, identity)
         run, out = session.load(args, kwargs), None
         if run is None:

@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import time
+import types
 from typing import Any, Callable
 
 import torch
@@ -30,6 +31,14 @@ from vgc.guards import InputMismatchError, model_structure, state_mismatch
 logger = logging.getLogger("vgc")
 
 
+def call_forward(self, *args, **kwargs):
+    """The program a saved trace of a decorated forward holds: the model's forward, looked up on its class. Torch
+    saves a program's function, and what its closure holds, by module and qualified name; a decorator's wrapper
+    (transformers' `can_return_tuple`, `check_model_inputs`) carries its wrapped function's name, which finds the
+    wrapper. This function has a name of its own, and Dynamo traces the wrapper and what it wraps inline."""
+    return type(self).forward(self, *args, **kwargs)
+
+
 class TraceSession:
     """One `CompiledModel`'s first call: `load()` a saved trace, else `trace()`. Both return the callable that runs
     the traced program with the model's own arguments; `trace()` also returns the first output when the trace
@@ -41,6 +50,7 @@ class TraceSession:
         self.backend = owner.backend
         self.model = owner.model
         self.forward = owner._forward
+        self.traced = self.forward   # what Dynamo captures: the forward, or `call_forward` bound to the model
         self.arguments = arguments
         self.device_type = device_type
         self.specs, self.dynamic = contract[:2]
@@ -59,7 +69,17 @@ class TraceSession:
             return f"its forward is a {type(function).__name__}, not a Python function"
         if function.__name__ == "<lambda>":
             return "its forward is a lambda, which a saved trace could not tell apart from another"
-        return saved_traces.closure_problem(function)
+        problem = saved_traces.closure_problem(function)
+        bound = getattr(self.forward, "__self__", None)
+        if problem is not None and bound is not None and getattr(type(bound), "forward", None) is function and \
+                saved_traces.closure_problem(function, wrappers_ok=True) is None:
+            # In the forward's own globals, so that what the trace names (the output's class) is found there, in
+            # the saving process and in the loading one; torch pickles it by name, which finds `call_forward`.
+            forwarder = types.FunctionType(call_forward.__code__, function.__globals__, call_forward.__name__)
+            forwarder.__module__, forwarder.__qualname__ = call_forward.__module__, call_forward.__qualname__
+            self.traced = types.MethodType(forwarder, bound)
+            return None
+        return problem
 
     def _runner(self, program) -> Callable:
         bound = getattr(self.forward, "__self__", None)
@@ -79,8 +99,8 @@ class TraceSession:
         if found is None:
             return None
         try:
-            program = _compat.aot_program_load(saved_traces.read(found.path), getattr(self.forward, "__globals__",
-                                                                                    None))
+            program = _compat.aot_program_load(saved_traces.read(found.path), getattr(self.traced, "__globals__",
+                                                                                   None))
             saved = _compat.aot_backend_result(program)
             if not isinstance(saved, SavedGraph):
                 raise saved_traces.DamagedTrace(f"it holds a {type(saved).__name__}, not a vgc graph")
@@ -156,17 +176,18 @@ class TraceSession:
         self.backend.defer_build = True
         try:
             with self.owner._tracing_scope(mode):
-                program = _compat.aot_capture(self.forward, self.backend, args, kwargs,
+                program = _compat.aot_capture(self.traced, self.backend, args, kwargs,
                                               _compat.model_state_guard_filter(set(self.arguments)))
         finally:
             self.backend.defer_build = False
         function = getattr(self.forward, "__func__", self.forward)
         # The program is what Dynamo traced: for a decorated forward (transformers' `can_return_tuple`), the
         # decorator's wrapper, which the model's calls go through too.
-        own = inspect.signature(function, follow_wrapped=False)
+        own = inspect.signature(getattr(self.traced, "__func__", self.traced), follow_wrapped=False)
         if _compat.aot_signature(program) != own:
             raise RuntimeError(f"the captured program takes {_compat.aot_signature(program)}, not the forward's "
                                f"{own}")
+        _compat.aot_import_module_aliases(program, getattr(self.traced, "__globals__", {}))
         saved = _compat.aot_backend_result(program)
         saved.plan.structure = self.structure
         # Torch names the traced code by module; code in a file Python did not import as a module (loaded by

@@ -63,17 +63,18 @@ def _cells(function):
             yield name, cell
 
 
-def closure_problem(function, depth: int = 0) -> str | None:
+def closure_problem(function, depth: int = 0, wrappers_ok: bool = False) -> str | None:
     """Why a forward's closure stops a saved trace from serving it (a captured tensor, module or dict: values a
-    later process may hold otherwise, which the trace baked in), or None."""
+    later process may hold otherwise, which the trace baked in), or None. `wrappers_ok`: a decorator's wrapper is
+    no problem (the trace goes through `trace_session.call_forward`), only what the closures hold."""
     for name, value in _cells(function):
         if inspect.isfunction(value) and depth < _DEPTH:
-            if not _named(value):
+            if not wrappers_ok and not _named(value):
                 code = function.__code__
                 return (f"its forward is a decorator's wrapper ({code.co_name} in "
                         f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}) around {value.__qualname__}, "
                         f"which torch saves by name, and {value.__module__}.{value.__qualname__} names the wrapper")
-            problem = closure_problem(value, depth + 1)
+            problem = closure_problem(value, depth + 1, wrappers_ok)
             if problem:
                 return problem
         elif not isinstance(value, _CONSTANTS) and not (isinstance(value, tuple) and
