@@ -21,7 +21,7 @@ _spec.loader.exec_module(doc_examples)
 def test_every_python_block_has_its_output():
     page = PAGE.read_text()
     examples = doc_examples.find_examples(page)
-    assert len(examples) == doc_examples.count_python_blocks(page) == 7
+    assert len(examples) == doc_examples.count_python_blocks(page) == 8
     assert all(e.output.strip() for e in examples)
 
 
