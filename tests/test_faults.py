@@ -274,7 +274,7 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
     return done.returncode == 0
 
 
-@pytest.mark.parametrize("size", ["256k", "2m", "ro"])
+@pytest.mark.parametrize("size", ["256k", pytest.param("2m", marks=pytest.mark.extended), "ro"])
 def test_a_full_or_read_only_disk_degrades_to_running_without_saving(tmp_path, size):
     root = tmp_path / "small-disk"
     if not _mount_tmpfs(root, "1m,ro" if size == "ro" else size):

@@ -125,6 +125,7 @@ def test_a_rank_whose_start_fails_stops_every_rank_with_its_error(tp_runs, tmp_p
         healthy["error"], healthy["error"]
 
 
+@pytest.mark.extended
 def test_a_live_traced_rank_checks_in_too(tmp_path, unsharded_outputs):
     # a model with hooks cannot save its trace: Dynamo compiles and runs it in one call, and vgc checks in
     # from inside that call, between building the pieces and running them
@@ -169,6 +170,7 @@ def test_ranks_start_without_checking_in_when_torch_has_no_store_accessor(monkey
     assert _compat.default_store() is None
 
 
+@pytest.mark.extended
 def test_a_rank_that_dies_before_its_start_is_named_after_the_timeout(tp_runs, tmp_path):
     root, _, _ = tp_runs
     healthy, dead = run_ranks(tmp_path, "dead", root, fail={1: "exit"}, env={"VGC_RANK_TIMEOUT_S": "5"})
