@@ -113,16 +113,48 @@ def test_ranges_equal_eager_on_every_side_traced_once_each_and_loaded_by_the_nex
             torch.testing.assert_close(again(_inputs(n)), model(_inputs(n)), atol=2e-5, rtol=2e-5)
 
 
-def test_each_range_captures_the_graph_sizes_inside_it(simulated_cuda):
+def test_each_range_captures_the_graph_sizes_it_serves(simulated_cuda):
     model = Branchy()
     compiled = vgc.compile(model, {"compile_ranges_max_size": 64, "cudagraph_mode": "piecewise",
-                                   "cudagraph_capture_sizes": [4, 8, 16, 32, 48]}, pad_values={"x": 0})
+                                   "cudagraph_capture_sizes": [1, 4, 8, 16, 32, 48, 80]}, pad_values={"x": 0})
     report = compiled.warmup(_inputs)
-    by_range = [r.model.graphs.capture_sizes if r.model.graphs else [] for r in compiled.ranges]
-    assert by_range == [[4], [8, 16, 32], [48]]
+    # Size 1 and sizes past the maximum go to the range whose checks take them, as calls do.
+    assert [r.model.graphs.capture_sizes for r in compiled.ranges] == [[1, 4], [8, 16, 32], [48, 80]]
     assert report["compile_ranges"][1]["trace_size"] == 16
-    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
-        for n in (3, 4, 6, 12, 40, 45, 60):   # padded inside its range: 6 runs eagerly past 4, 45 pads to 48
+    for n, replayed in ((3, True), (6, False), (12, True), (40, False), (45, True), (70, True)):
+        replays = vgc.counters.cudagraph_replays
+        with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
+            torch.testing.assert_close(compiled(_inputs(n)), model(_inputs(n)), atol=2e-5, rtol=2e-5)
+        # 6 and 40 are past their range's largest capture size: no graph, and no padding into the next range.
+        assert (vgc.counters.cudagraph_replays > replays) == replayed, n
+
+
+class SplitBranchy(torch.nn.Module):
+    """A piece before SDPA that is the same code on both sides of the condition after it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv = torch.nn.Linear(WIDTH, 3 * WIDTH)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(1, x.shape[0], 3, WIDTH).unbind(2)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)[0]
+        return y * 2 if x.shape[0] >= 8 else y - 1
+
+
+def test_ranges_never_share_an_artifact_compiled_under_other_assumptions(cache_root, fresh_counters):
+    """Inductor may rely on what the trace knew of a size (`x.size(0) >= 8`) without a guard of its own, so the
+    same piece in two ranges is two artifacts, keyed by those facts."""
+    model = SplitBranchy()
+    compiled = vgc.compile(model, {"compile_ranges_max_size": 32,
+                                   "splitting_ops": ["aten::scaled_dot_product_attention"]})
+    compiled.warmup(_inputs)
+    first_pieces = [r.model.backend.graphs[0].pieces[0] for r in compiled.ranges]
+    keys = [r.model.backend.graphs[0].compiled[p.name].key for r, p in zip(compiled.ranges, first_pieces)]
+    assert len(compiled.ranges) == 2 and keys[0] != keys[1]
+    with torch.no_grad():
+        for n in (3, 7, 8, 30):
             torch.testing.assert_close(compiled(_inputs(n)), model(_inputs(n)), atol=2e-5, rtol=2e-5)
 
 

@@ -62,3 +62,25 @@ def test_hf_model_traced_once_over_sequence_lengths(build, fresh_counters, dynam
             torch.testing.assert_close(compiled(ids), model(ids), **FP32_TOL)
     assert fresh_counters.dynamo_traces == 1
     assert dynamo_counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["no-graphs", "piece-graphs"])
+def test_a_decorated_forward_serves_calls_by_position_and_by_name(graphs, request, fresh_counters, no_cache):
+    """transformers 5 decorates `LlamaModel.forward`; vgc.compile traces it through `call_forward`, whose saved
+    code reads its inputs by keyword. Calls by position (and the graph dispatcher's, which passes them so) must
+    reach it the same way."""
+    if graphs:
+        request.getfixturevalue("simulated_cuda")
+    model = hf_llama(num_hidden_layers=1)
+    options = {"cudagraph_mode": "piecewise", "cudagraph_capture_sizes": [2, 4]} if graphs else {}
+    compiled = vgc.compile(model, options, dynamic_arg_dims={"input_ids": 0},
+                           pad_values={"input_ids": 0} if graphs else None)
+    make = lambda n: {"input_ids": torch.randint(1, 128, (n, 6), generator=torch.Generator().manual_seed(n))}  # noqa: E731
+    compiled.warmup(make, trace_size=4)
+    assert compiled.trace_source == "traced"   # captured as a saveable program, not traced live
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
+        for n in (2, 3, 4):
+            ids = make(n)["input_ids"]
+            eager = model(input_ids=ids).last_hidden_state
+            torch.testing.assert_close(compiled(ids).last_hidden_state, eager, **FP32_TOL)
+            torch.testing.assert_close(compiled(input_ids=ids).last_hidden_state, eager, **FP32_TOL)

@@ -603,8 +603,8 @@ def aot_import_module_aliases(program, f_globals: dict) -> list[str]:
     for ref in sorted(env.external_refs):
         value = f_globals.get(ref)
         if ref in env.used_globals or ref in env.import_sources or hasattr(builtins, ref) or \
-                not isinstance(value, types.ModuleType):
-            continue
+                not isinstance(value, types.ModuleType) or sys.modules.get(value.__name__) is not value:
+            continue   # a module made at run time, not imported by name, would fail the loading process's import
         env.import_sources[ref] = value.__name__
         named.append(ref)
     return named

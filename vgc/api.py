@@ -24,7 +24,7 @@ from vgc.contract import (DimSpec, InputContract, argument_specs, check_dynamic_
                           mark_dynamic_dims, padded_dims)
 from vgc.counters import counters
 from vgc.cudagraph.dispatch import GraphDispatcher
-from vgc.distributed import StartCheckIn
+from vgc.distributed import RankFailedError, StartCheckIn
 from vgc.guards import InputMismatchError, argument_tensors
 from vgc.trace_session import TraceSession
 
@@ -60,7 +60,7 @@ class CompiledModel:
         self.ranges: list[compile_ranges.CompileRange] = []   # by size, when warm-up traced compile ranges
         self._other_ranges: list[CompiledModel] = []           # the ranges' models other than this one
         self._uncovered: list[tuple[int, int]] = []
-        self._range_index = 0   # which range of its model this one is: part of its saved trace's identity
+        self._range_at: int | None = None   # the size a compile range past the first was traced at (its identity)
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
@@ -87,8 +87,10 @@ class CompiledModel:
             if other.contract.accepts(arguments):
                 return other._serve(arguments, args, kwargs)
         covered = ", ".join(f"{r.low}-{r.high}" for r in self.ranges)
+        missing = f"; sizes {', '.join(f'{a}-{b}' for a, b in self._uncovered)} are not covered" \
+            if self._uncovered else ""
         raise InputMismatchError(f"{refusal}. No compile range serves this call either (they cover make_inputs "
-                                 f"sizes {covered})") from None
+                                 f"sizes {covered}{missing})") from None
 
     def _call_arguments(self, arguments: dict[str, Any]):
         bound = inspect.BoundArguments(self._signature, arguments)   # positional-only and *args stay positional
@@ -126,12 +128,12 @@ class CompiledModel:
         if self._graph_mode(device) != CUDAGraphMode.NONE:
             padded_dims(dynamic, arguments)   # a model CUDA graphs cannot pad fails now, not after compiling
         identity = (specs, dynamic, mode.value)
-        if self._range_index:   # each compile range past the first is a trace of its own
-            identity += (("compile range", self._range_index),)
+        if self._range_at is not None:   # each compile range past the first is a trace of its own
+            identity += (("compile range", self._range_at),)
         session = TraceSession(self, arguments, device.type, identity)
         run, out = session.load(args, kwargs), None
         if run is None:
-            mark_dynamic_dims(arguments, dynamic, mode, may_specialise=self._range_index > 0)
+            mark_dynamic_dims(arguments, dynamic, mode, may_specialise=self._range_at is not None)
             run, out = session.trace(args, kwargs)
         if len(self.backend.graphs) != 1:   # fullgraph=True: Dynamo hands the backend exactly one graph
             raise RuntimeError(f"vgc: expected one Dynamo graph from the trace, got {len(self.backend.graphs)}")
@@ -200,6 +202,10 @@ class CompiledModel:
             return self.stats()
         start = time.perf_counter()
         size = trace_size if trace_size is not None else max([16, *self.config.compile_sizes])
+        high = self.config.compile_ranges_max_size
+        if high and not 2 <= size <= high:
+            raise ValueError(f"compile_ranges_max_size={high} must be at least the trace size {size} (and >= 2); "
+                             f"raise it or pass warmup(..., trace_size=<a size in 2..{high}>)")
         if self.contract is None:
             self._call_with(make_inputs(size))
         if self.config.compile_ranges_max_size:
@@ -219,8 +225,6 @@ class CompiledModel:
         """Compile ranges: trace again past each end of the sizes this trace serves, until 2 to
         `compile_ranges_max_size` are covered (`vgc.compile_ranges`)."""
         high = self.config.compile_ranges_max_size
-        if not 2 <= size <= high:
-            raise ValueError(f"compile_ranges_max_size={high} must be at least the trace size {size} (and >= 2)")
 
         def accepts(model: CompiledModel, n: int) -> bool:
             try:
@@ -232,23 +236,35 @@ class CompiledModel:
         def trace_at(n: int, index: int) -> CompiledModel | None:
             model = CompiledModel(self.model, self.config, self.dynamic_arg_dims, self.pad_values,
                                   self.uniform_decode)
-            model._range_index = index
+            model._range_at = n
             try:
-                model._call_with(make_inputs(n))
+                inputs = make_inputs(n)
+            except Exception as e:
+                logger.warning("compile ranges: make_inputs(%d) failed (%s: %s)", n, type(e).__name__, e)
+                return None
+            try:
+                model._call_with(inputs)
+            except RankFailedError:   # another rank failed: every rank stops, as at the first trace
+                raise
             except Exception as e:   # e.g. a size the model itself refuses
                 logger.warning("compile ranges: the trace at size %d failed (%s: %s)", n, type(e).__name__, e)
                 return None
             return model
 
         if not accepts(self, size):
-            logger.warning("compile ranges: the model was traced before warmup() with inputs unlike "
-                           "make_inputs(%d); no ranges traced", size)
+            logger.warning("compile ranges: the trace (made by a call before warmup()) does not serve "
+                           "make_inputs(%d); no ranges traced. Call warmup() first, or pass trace_size=<a size "
+                           "it serves>", size)
             return
         self.ranges, self._uncovered = compile_ranges.cover(self, size, 2, high, accepts, trace_at)
         self._other_ranges = [r.model for r in self.ranges if r.model is not self]
-        for r in self.ranges:
-            if r.model.graphs is not None:   # each range captures the sizes it serves
-                r.model.graphs = r.model.graphs.restricted(r.low, r.high)
+        if self.graphs is not None:
+            # Each capture size goes to the range that serves it (the first, in routing order, whose contract takes
+            # it), size 1 and sizes past the maximum included, so a call pads only within its own range.
+            routed = [self, *self._other_ranges]
+            owner = {c: next((m for m in routed if accepts(m, c)), None) for c in self.graphs.capture_sizes}
+            for model in routed:
+                model.graphs = model.graphs.restricted([c for c, m in owner.items() if m is model])
         logger.info("compile ranges: %d trace(s) cover sizes %s%s", len(self.ranges),
                     ", ".join(f"{r.low}-{r.high}" for r in self.ranges),
                     f"; not covered: {', '.join(f'{a}-{b}' for a, b in self._uncovered)}" if self._uncovered

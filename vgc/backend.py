@@ -299,6 +299,15 @@ class VgcBackend:
             self._explain_unsplit(gm)
         inductor_config, static_config = self._inductor_configs()
         extra = repr((sorted(inductor_config.items()), sorted(static_config.items())))
+        shape_guards = snapshot_shape_guards(_compat.detect_fake_mode(example_inputs))
+
+        def facts(inputs) -> list[str]:
+            # What the trace knew of a piece's sizes when Inductor compiled it (`s0 >= 8`): Inductor may rely on it
+            # without a guard of its own, so a piece of another trace (a compile range, a Dynamo recompile) that
+            # knows otherwise must not load this artifact.
+            symbols = free_symbols(inputs)
+            return sorted(str(expr) for expr, _, _ in shape_guards if expr.free_symbols & symbols)
+
         plans = []
         for piece in pieces:
             if piece.is_splitting:   # keyed too: a saved trace stores identical eager pieces once
@@ -310,7 +319,8 @@ class VgcBackend:
                 if size_source is None and self.config.compile_sizes:
                     logger.debug("%s has no single symbolic size; compile_sizes do not apply to it", piece.name)
                 plans.append(PiecePlan(
-                    piece.name, splitting=False, key=piece_key(piece.module, inputs, extra=extra),
+                    piece.name, splitting=False,
+                    key=piece_key(piece.module, inputs, extra=repr((extra, facts(inputs)))),
                     sizes=tuple(self.config.compile_sizes) if size_source is not None else (),
                     size_source=size_source, has_symbols=bool(free_symbols(inputs)),
                     single=not _compat.graph_returns_tuple(piece.module),
@@ -324,7 +334,7 @@ class VgcBackend:
                 state.append(StateTensor(source, value.dtype, tuple(value.shape), str(value.device),
                                          tuple(value.stride())))
         return GraphPlan(split_gm, pieces, plans, _compat.device_from_inputs(example_inputs).type,
-                         snapshot_shape_guards(_compat.detect_fake_mode(example_inputs)),
+                         shape_guards,
                          # An id outside an embedding table aborts the compiled CPU kernel (eager raises
                          # IndexError): check first.
                          input_check=request_checks.checker_for(gm, example_inputs), example_inputs=example_inputs,

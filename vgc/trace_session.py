@@ -83,7 +83,36 @@ class TraceSession:
 
     def _runner(self, program) -> Callable:
         bound = getattr(self.forward, "__self__", None)
-        return functools.partial(program, bound) if bound is not None else program
+        if self.traced is self.forward:
+            return functools.partial(program, bound) if bound is not None else program
+        layout = self._layout
+
+        def run(*args, **kwargs):
+            args, kwargs = layout(args, kwargs)
+            return program(bound, *args, **kwargs)
+        return run
+
+    def _layout(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A call as `call_forward`'s program is traced and run: every named parameter by keyword, defaults
+        included. Its saved code reads `kwargs['input_ids']` as the trace found it, whether the caller (or the
+        graph dispatcher, which passes them positionally) gave it by position or by name."""
+        if self.traced is self.forward:
+            return args, kwargs
+        signature = self.owner._signature
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        positional, keywords = [], {}
+        for name, value in bound.arguments.items():
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.POSITIONAL_ONLY:
+                positional.append(value)
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                positional.extend(value)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                keywords.update(value)
+            else:
+                keywords[name] = value
+        return tuple(positional), keywords
 
     # ---- a warm start ----
     def load(self, args: tuple, kwargs: dict) -> Callable | None:
@@ -149,6 +178,7 @@ class TraceSession:
         if mismatch is not None:
             return f"the model differs from the traced one: {mismatch}"
         with torch.no_grad():
+            args, kwargs = self._layout(args, kwargs)
             failure = _compat.aot_guard_failure(program, ((bound,) if bound is not None else ()) + tuple(args),
                                                 kwargs)
         return None if failure is None else f"the model differs from the traced one: {failure}"
@@ -176,7 +206,7 @@ class TraceSession:
         self.backend.defer_build = True
         try:
             with self.owner._tracing_scope(mode):
-                program = _compat.aot_capture(self.traced, self.backend, args, kwargs,
+                program = _compat.aot_capture(self.traced, self.backend, *self._layout(args, kwargs),
                                               _compat.model_state_guard_filter(set(self.arguments)))
         finally:
             self.backend.defer_build = False

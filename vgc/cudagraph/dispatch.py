@@ -70,10 +70,10 @@ class GraphDispatcher:
         self.use_full = mode in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
         self.use_piecewise = mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
 
-    def restricted(self, low: int, high: int) -> "GraphDispatcher | None":
-        """This dispatcher keeping only the capture sizes in [low, high] (its compile range's), before capture;
-        None when none is left (the range runs without graphs)."""
-        sizes = [s for s in self.capture_sizes if low <= s <= high]
+    def restricted(self, sizes: list[int]) -> "GraphDispatcher | None":
+        """This dispatcher keeping only `sizes` of its capture sizes (its compile range's), before capture; None
+        when none is left (the range runs without graphs)."""
+        sizes = sorted(s for s in self.capture_sizes if s in set(sizes))
         if not sizes:
             return None
         self.capture_sizes, self.static = sizes, StaticInputs(sizes[-1], self.static.pad_values)

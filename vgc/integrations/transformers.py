@@ -488,14 +488,24 @@ def _config(config: CompilationConfig | dict | None, device: torch.device, max_b
     """The user's config, else: on CUDA, FULL graphs for decode at 1 .. max_batch_size sequences (1, 2, 4, then
     multiples of 8) and piece graphs for small prefills; the CPU runs the compiled pieces."""
     if isinstance(config, CompilationConfig):
+        _refuse_ranges(config.compile_ranges_max_size)
         return config
     options = dict(config or {})
+    _refuse_ranges(options.get("compile_ranges_max_size", 0))
     if device.type == "cuda":
         sizes = sorted({s for s in (1, 2, 4) if s < max_batch_size} | set(range(8, max_batch_size, 8)) |
                        {max_batch_size})
         options.setdefault("cudagraph_mode", CUDAGraphMode.FULL_AND_PIECEWISE.value)
         options.setdefault("cudagraph_capture_sizes", sizes)
     return CompilationConfig.from_options(options)
+
+
+def _refuse_ranges(max_size) -> None:
+    # Flat batches of real tokens have no size conditions to split at, and the decode step replays the first
+    # range's graphs directly.
+    if max_size:
+        raise ValueError(f"compile_ranges_max_size={max_size}: the transformers integration runs one trace (its "
+                         "flat batches have no size conditions); leave it 0")
 
 
 def _check_supported(model: torch.nn.Module, text, max_cache_len: int) -> None:
