@@ -249,6 +249,7 @@ def test_at_most_one_full_graph_per_capture_size(simulated_cuda, caplog):
     assert "2 FULL CUDA graphs captured, one per capture size" in caplog.text
 
 
+@pytest.mark.extended
 def test_an_unmodified_hugging_face_llama_gets_full_graphs(simulated_cuda):
     pytest.importorskip("transformers")
     from conftest import hf_llama

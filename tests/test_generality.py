@@ -37,7 +37,8 @@ def _phi3():
     return transformers.Phi3Model(config).eval()
 
 
-@pytest.mark.parametrize("build", [_llama, pytest.param(_phi3, marks=pytest.mark.extended)], ids=["llama", "phi3"])
+@pytest.mark.extended
+@pytest.mark.parametrize("build", [_llama, _phi3], ids=["llama", "phi3"])
 def test_hf_model_dropin_split_at_sdpa(build, fresh_counters, no_cache):
     model = LastHidden(build())
     backend = vgc.VgcBackend(SDPA_SPLIT)
@@ -51,6 +52,7 @@ def test_hf_model_dropin_split_at_sdpa(build, fresh_counters, no_cache):
     assert len(graph.unique_keys) <= 3
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("build", [_llama], ids=["llama"])
 def test_hf_model_traced_once_over_sequence_lengths(build, fresh_counters, dynamo_counters, no_cache):
     model = LastHidden(build())

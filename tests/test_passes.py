@@ -139,6 +139,7 @@ def _storage(tensor):
     return tensor.untyped_storage().data_ptr()
 
 
+@pytest.mark.extended
 def test_sibling_linears_fuse_on_an_unmodified_hugging_face_llama(no_cache, fresh_counters, caplog):
     pytest.importorskip("transformers")
     from conftest import hf_llama

@@ -153,6 +153,7 @@ def test_cuda_graph_modes_pad_and_replay_the_sharded_decoder(tmp_path, unsharded
             torch.testing.assert_close(report["outputs"]["compiled"][name], expected, **TP_TOL, msg=name)
 
 
+@pytest.mark.extended
 def test_dropin_compiles_the_sharded_decoder_too(tmp_path, unsharded_outputs):
     for report in run_ranks(tmp_path, "dropin", tmp_path / "dropin-root", dropin=True):
         assert report["error"] is None, report["error"]
@@ -179,6 +180,7 @@ def test_a_rank_that_dies_before_its_start_is_named_after_the_timeout(tp_runs, t
     assert "rank(s) [1] did not finish starting" in healthy["error"], healthy["error"]
 
 
+@pytest.mark.extended
 def test_a_rank_built_with_another_ranks_shard_is_refused_and_named_by_the_others(tp_runs, tmp_path):
     root, _, _ = tp_runs
     healthy, wrong = run_ranks(tmp_path, "wrong-rank", root, fail={1: "wrong-rank"}, env={"VGC_RANK_TIMEOUT_S": "5"})
