@@ -73,7 +73,8 @@ class GraphDispatcher:
     def restricted(self, sizes: list[int]) -> "GraphDispatcher | None":
         """This dispatcher keeping only `sizes` of its capture sizes (its compile range's), before capture; None
         when none is left (the range runs without graphs)."""
-        sizes = sorted(s for s in self.capture_sizes if s in set(sizes))
+        wanted = set(sizes)
+        sizes = [s for s in self.capture_sizes if s in wanted]   # capture_sizes is sorted
         if not sizes:
             return None
         self.capture_sizes, self.static = sizes, StaticInputs(sizes[-1], self.static.pad_values)
