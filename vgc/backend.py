@@ -25,6 +25,7 @@ from vgc.cudagraph.runtime import GraphRuntime
 from vgc.distributed import RankFailedError
 from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
 from vgc.guards import StateTensor, snapshot_shape_guards
+from vgc.ops.attention import lengths_read_once
 from vgc.ops.collectives import collective_calls
 from vgc.passes.manager import pass_manager
 from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
@@ -33,6 +34,10 @@ from vgc.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, eag
                        lay_out_eager_results, sdpa_reads_a_kv_cache, split_graph)
 
 logger = logging.getLogger("vgc")
+
+# Forwards built while this is true let their attention calls share one host read of the lengths per call
+# (`vgc.ops.attention.lengths_read_once`); `vgc bench decode` builds a twin with it off to measure what it buys.
+SHARE_LENGTH_READS = True
 
 
 INFERENCE_ONLY = ("vgc compiles for inference: no gradient flows back through a model compiled with vgc. Call it "
@@ -405,6 +410,8 @@ class VgcBackend:
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
         forward = split_gm.forward
+        if SHARE_LENGTH_READS and not any(p.mutated for p in plan.plans if not p.splitting):
+            forward = lengths_read_once(forward)
         if around is not None:
             forward = record.full_graphs = around(forward)
         if record.input_check is not None:

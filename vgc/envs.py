@@ -79,3 +79,14 @@ def debug_dump_path() -> str | None:
     before and after every pass; unset or empty: no dumps."""
     found = _lookup("DEBUG_DUMP_PATH")
     return found[1] or None if found else None
+
+
+def skinny_mm_on_cpu() -> bool:
+    """VGC_SKINNY_MM_ON_CPU=1 (tests): the `skinny_matmuls` pass also rewrites CPU pieces, and `vgc::skinny_mm`
+    runs its Triton kernel on CPU tensors when Triton's interpreter is on (TRITON_INTERPRET=1), else torch.mm."""
+    return _flag("SKINNY_MM_ON_CPU")
+
+
+def triton_interpret() -> bool:
+    """TRITON_INTERPRET=1: Triton kernels run in its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "").strip() == "1"

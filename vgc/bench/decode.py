@@ -1,11 +1,17 @@
 """`vgc bench decode`: per-step latency of the Llama-3.2-1B-shaped decoder, every execution strategy in one run.
 
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", vgc.compile with
-cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE and FULL with optional tuning (see `tuned`), and
-drop-in torch.compile(backend="vgc") with PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch
-sizes and one prefill size.
+cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE, FULL_AND_PIECEWISE's twins (attention reading the
+lengths once per layer, vgc's skinny matmul kernel, PDL, tuning scoped to a static batch-1 artifact), and drop-in torch.compile(backend="vgc")
+with PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch sizes and one prefill size.
 Each cell is the median of `--steps` steps timed with CUDA events after `--warmup` untimed steps. With `--passes`,
-some vgc rows get a "+ passes" twin (every built-in graph pass on), timed interleaved with the plain row.
+some vgc rows get a "+ passes" twin (every built-in graph pass on), timed interleaved with the plain row; with
+`--interleave`, every chosen row is built first and all are timed interleaved.
+
+Beside the times: the roofline (the weights' bytes over the step time, and that as a share of a device-to-device
+copy's bandwidth measured in the same run), the CUDA kernels per step of the graph rows (profiler), and per row
+the setup seconds (compile + capture; cold only for the first row of a process with empty caches) and the Inductor
+compiles it made.
 With `--tp 1,2`, the tensor-parallel decoder runs one process per GPU instead (`vgc.bench.decode_tp`).
 """
 
@@ -65,6 +71,42 @@ def time_interleaved(fns: list, batch: dict, warmup: int, steps: int, rounds: in
     return [statistics.median(s) for s in samples], changes
 
 
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """A device-to-device copy's bandwidth (GB/s, bytes read plus bytes written), best of `reps`: the roofline the
+    weight bandwidth of a decode step is compared with."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (best * 1e-3) / 1e9
+
+
+def kernels_per_call(fn, batch: dict, calls: int = 5) -> float:
+    """CUDA kernels (and memsets/copies) the GPU ran per call of `fn`, counted by the profiler (CUDA-graph replays
+    included: the profiler sees the kernels inside a graph)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn(**batch)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(**batch)
+            torch.cuda.synchronize()
+    device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(device_events) / calls
+
+
 PASSES = " + passes"
 
 
@@ -113,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
     parser.add_argument("--passes", action="store_true",
                         help="add a '+ passes' twin of each vgc row, with every built-in graph pass on")
+    parser.add_argument("--interleave", action="store_true",
+                        help="build every chosen row first, then time all of them interleaved (more memory)")
+    parser.add_argument("--no-kernel-count", action="store_true",
+                        help="skip the profiler's kernel count of the graph rows")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--tp", metavar="SIZES", help="comma-separated tensor-parallel world sizes (e.g. 1,2): "
                         "the sharded decoder, one process per GPU (vgc.bench.decode_tp)")
@@ -129,11 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     columns.append((f"prefill {args.prefill}",
                     lambda: llama.make_batch(cfg, args.prefill, "prefill", device="cuda", kv_caches=kv)))
 
-    # Optional tuning: a static artifact for batch 1, where coordinate-descent tuning lets Inductor turn each M=1
-    # matmul into a reduction fused with its neighbours (RMSNorm, SiLU, residual adds), and programmatic
-    # dependent launch, so that a kernel starts while its predecessor drains. Costs a minute of compile time once.
-    tuned = {"compile_sizes": [1], "inductor_compile_config": {"coordinate_descent_tuning": True,
-                                                                "triton.enable_pdl": True}}
+    weight_bytes = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "embed" not in name)
+    copy_gbs = copy_bandwidth_gbs()
+
+    # Optional tuning, scoped to a static artifact for batch 1: coordinate-descent tuning lets Inductor turn each
+    # M=1 matmul into a reduction fused with its neighbours (RMSNorm, SiLU, residual adds), and programmatic
+    # dependent launch lets a kernel start while its predecessor drains. Costs a minute of compile time once.
+    tuned = {"compile_sizes": [1], "compile_sizes_inductor_config": {"coordinate_descent_tuning": True,
+                                                                      "triton.enable_pdl": True}}
 
     def vgc_model(mode: str, **options):
         compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode, **options),
@@ -144,6 +193,16 @@ def main(argv: list[str] | None = None) -> int:
         graphs = report["cudagraphs"] or {}
         return compiled, {"capture_s": graphs.get("capture_seconds", 0.0),
                           "graphs": graphs.get("piecewise_graphs", 0) + graphs.get("full_graphs", 0)}
+
+    def unshared_lengths(build):
+        # The twin of the default: every layer's attention reads the lengths to the host again (one sync each)
+        from vgc import backend
+
+        backend.SHARE_LENGTH_READS = False
+        try:
+            return build()
+        finally:
+            backend.SHARE_LENGTH_READS = True
 
     def dropin(mode: str, **options):
         return torch.compile(model, backend="vgc", options={"cudagraph_mode": mode, **options})
@@ -156,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         "vgc PIECEWISE": lambda: vgc_model("piecewise"),
         "vgc FULL": lambda: vgc_model("full"),
         "vgc FULL_AND_PIECEWISE": lambda: vgc_model("full_and_piecewise"),
-        "vgc FULL tuned": lambda: vgc_model("full", **tuned),
+        # What each default of FULL_AND_PIECEWISE buys, and the candidates that are not defaults
+        "vgc F&P lengths per layer": lambda: unshared_lengths(lambda: vgc_model("full_and_piecewise")),
+        "vgc F&P + skinny mm": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmuls": True}),
+        "vgc F&P + PDL": lambda: vgc_model("full_and_piecewise", inductor_compile_config={"triton.enable_pdl": True}),
+        "vgc F&P tuned [1]": lambda: vgc_model("full_and_piecewise", **tuned),
         # Drop-in: graphs are captured on the second call at each shape (the untimed call and warm-up steps).
         "drop-in PIECEWISE": lambda: (dropin("piecewise"), {}),
         "drop-in FULL": lambda: (dropin("full"), {}),
@@ -175,12 +238,17 @@ def main(argv: list[str] | None = None) -> int:
             "drop-in FULL_AND_PIECEWISE": lambda: (dropin("full_and_piecewise", **on), {})})
     only = [r.strip() for r in args.only.split(",") if r.strip()]
     results = {}
-    for group in row_groups(rows, only):
+    groups = row_groups(rows, only)
+    if args.interleave:
+        groups = [[name for group in groups for name in group]]
+    for group in groups:
         built = {}
         for name in group:
             start = time.perf_counter()
-            built[name] = rows[name]()
+            with vgc.counters.delta() as made:
+                built[name] = rows[name]()
             built[name][1]["setup_s"] = time.perf_counter() - start
+            built[name][1]["inductor_compiles"] = made["inductor_compiles"]
         cells = {name: {} for name in group}
         for index, (column, make) in enumerate(columns):
             batch = make()
@@ -194,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             ms, _ = time_interleaved([fn for fn, _ in built.values()], batch, args.warmup, args.steps)
             for name, value in zip(built, ms):
                 cells[name][column] = value
+            print(f"  {column}: " + ", ".join(f"{name} {value:.3f}" for name, value in zip(built, ms)), flush=True)
+            if not args.no_kernel_count:
+                for name, (fn, extra) in built.items():
+                    if "vgc" in name and "NONE" not in name or "reduce-overhead" in name:
+                        extra.setdefault("kernels", {})[column] = kernels_per_call(fn, batch)
         for name, (_, extra) in built.items():
             results[name] = {"ms": cells[name], **extra}
             print(f"  {name}: " + ", ".join(f"{c} {v:.3f} ms" for c, v in cells[name].items()), flush=True)
@@ -201,11 +274,23 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nvgc bench decode: {args.model} bf16 on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           f"median of {args.steps} steps (ms)")
-    header = f"{'strategy':26s}" + "".join(f"{c:>14s}" for c, _ in columns) + f"{'setup s':>10s}{'capture s':>11s}"
+    header = f"{'strategy':26s}" + "".join(f"{c:>14s}" for c, _ in columns) + \
+        f"{'setup s':>10s}{'capture s':>11s}{'compiles':>10s}"
     print(header)
     for name, r in results.items():
         print(f"{name:26s}" + "".join(f"{r['ms'][c]:14.3f}" for c, _ in columns)
-              + f"{r['setup_s']:10.1f}{r.get('capture_s', 0.0):11.1f}")
+              + f"{r['setup_s']:10.1f}{r.get('capture_s', 0.0):11.1f}"
+              + (f"{r['inductor_compiles']:10d}" if name.startswith("vgc") else f"{'-':>10s}"))
+    print(f"\nroofline: {weight_bytes / 1e9:.2f} GB of weights per step; a device-to-device copy moves "
+          f"{copy_gbs:.0f} GB/s here (floor {weight_bytes / copy_gbs / 1e6:.3f} ms). Weight GB/s (share of copy):")
+    for name, r in results.items():
+        print(f"{name:26s}" + "".join(f"{weight_bytes / r['ms'][c] / 1e6:8.0f} ({weight_bytes / r['ms'][c] / 1e6 / copy_gbs:3.0%})"
+                                      for c, _ in columns))
+    counted = {name: r["kernels"] for name, r in results.items() if r.get("kernels")}
+    if counted:
+        print("\nGPU kernels per call (profiler):")
+        for name, kernels in counted.items():
+            print(f"{name:26s}" + "".join(f"{kernels.get(c, float('nan')):14.0f}" for c, _ in columns))
     base = results.get("inductor reduce-overhead")
     if base:
         print("\nspeed-up over reduce-overhead:")
@@ -215,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
-                       "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "results": results}, f, indent=1)
+                       "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "weight_bytes": weight_bytes,
+                       "copy_gbs": copy_gbs, "results": results}, f, indent=1)
     return 0
 
 

@@ -21,9 +21,18 @@ so it can be captured in a CUDA graph); there a padding row attends like the
 sequence it pads (nothing, for a padded length 0). Other batches read their
 lengths on the host, so capturing one raises (the caller captures it
 piecewise instead) rather than record a kernel for the wrong batch.
+
+Those host reads are syncs: the host waits for the GPU before it can launch
+the rest. Inside one forward call of a compiled model (`lengths_read_once`)
+the layers share one read of a given pair of length tensors, so a prefill
+step syncs once, not once per layer, and the host queues the other layers'
+work while the GPU runs.
 """
 
 from __future__ import annotations
+
+import contextvars
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -90,9 +99,9 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     else:
         _write_kv(key, value, key_cache, value_cache, slot_mapping)
 
-    # One host sync for all per-sequence lengths, instead of one per sequence.
-    starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
+    # One host sync for all per-sequence lengths, instead of one per sequence (and one per forward call, not
+    # per layer, inside `lengths_read_once`).
+    starts, lens = _host_lengths(query_start_loc, seq_lens)
     _check_lengths(starts, lens, query.shape[0], key_cache.shape[1],
                    block_table.shape[1])
 
@@ -116,6 +125,43 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
                      [starts[b] for b in single], single,
                      [lens[b] for b in single], scale)
     output[starts[-1]:].zero_()
+
+
+# Within one forward call: (address, version, shape) of query_start_loc and seq_lens -> their host copies.
+_call_lengths: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vgc_call_lengths", default=None)
+
+
+def lengths_read_once(forward):
+    """`forward` with its attention calls sharing one host read of each pair of length tensors per call.
+
+    For the forwards vgc assembles from compiled pieces, whose pieces do not write their inputs: the lengths are
+    the call's inputs, so between two layers of one call they change only by an in-place torch op, which bumps
+    the tensor's version and so misses the memo."""
+    @functools.wraps(forward)
+    def call(*args, **kwargs):
+        token = _call_lengths.set({})
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            _call_lengths.reset(token)
+
+    return call
+
+
+def _read_lengths(query_start_loc, seq_lens):
+    return query_start_loc.tolist(), seq_lens.tolist()
+
+
+def _host_lengths(query_start_loc, seq_lens):
+    memo = _call_lengths.get()
+    if memo is None:
+        return _read_lengths(query_start_loc, seq_lens)
+    key = (query_start_loc.data_ptr(), query_start_loc._version, query_start_loc.shape,
+           seq_lens.data_ptr(), seq_lens._version, seq_lens.shape)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _read_lengths(query_start_loc, seq_lens)
+    return found
 
 
 def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,

@@ -9,9 +9,10 @@ work or time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from vgc.passes.noop import eliminate_noops
+from vgc.passes import skinny_matmul
 from vgc.passes.sibling_matmul import fuse_sibling_linears
 
 
@@ -20,9 +21,12 @@ class BuiltinPass:
     run: Callable
     default: bool
     stage: str   # "post_grad": inside Inductor, per piece; "split": on the split graph, before compiling
+    options: Callable[[], Any] | None = None   # what else decides the pass's output: part of its identity
 
 
 BUILTIN_PASSES = {
     "eliminate_noops": BuiltinPass(eliminate_noops, default=False, stage="post_grad"),
     "fuse_sibling_matmuls": BuiltinPass(fuse_sibling_linears, default=True, stage="split"),
+    "skinny_matmuls": BuiltinPass(skinny_matmul.use_skinny_matmuls, default=False, stage="post_grad",
+                                  options=skinny_matmul.options),
 }

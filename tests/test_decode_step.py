@@ -1,0 +1,166 @@
+"""The decode step's speed paths: attention reading the lengths once per call, and `vgc::skinny_mm` with its
+pass (the kernel under Triton's CPU interpreter where Triton is installed, on CUDA in the gpu-marked tests)."""
+
+
+import importlib
+
+import pytest
+import torch
+
+import vgc
+from vgc.models import llama
+from vgc.ops.skinny_mm import MAX_M, uses_kernel
+from conftest import FP32_TOL
+
+attention_module = importlib.import_module("vgc.ops.attention")   # vgc.ops.attention is also the op's name
+
+
+def _triton_device():
+    from vgc.ops import triton_skinny_mm
+
+    if not triton_skinny_mm.HAS_TRITON:
+        return None
+    if torch.cuda.is_available():
+        return "cuda"
+    import os
+
+    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None
+
+
+def _count_length_reads(monkeypatch) -> list:
+    reads = []
+    real = attention_module._read_lengths
+
+    def counted(query_start_loc, seq_lens):
+        reads.append(1)
+        return real(query_start_loc, seq_lens)
+
+    monkeypatch.setattr(attention_module, "_read_lengths", counted)
+    return reads
+
+
+def test_a_compiled_prefill_reads_its_lengths_once_per_call_not_once_per_layer(tiny, no_cache, monkeypatch):
+    cfg, model = tiny
+    reads = _count_length_reads(monkeypatch)
+    compiled = vgc.compile(model, dynamic_arg_dims={k: 0 for k in llama.PAD_VALUES})
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+    with torch.no_grad():
+        for n in (7, 12):
+            reads.clear()
+            expected = model(**llama.make_batch(cfg, n, "prefill"))
+            assert len(reads) == cfg.num_layers   # eager: one host read per layer
+            reads.clear()
+            out = compiled(**llama.make_batch(cfg, n, "prefill"))
+            assert len(reads) == 1, f"{len(reads)} host reads of the lengths in one compiled call of {n} tokens"
+            torch.testing.assert_close(out, expected, **FP32_TOL)
+
+
+def test_lengths_written_in_place_within_a_call_are_read_again():
+    starts, lens = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
+    seen = []
+
+    @attention_module.lengths_read_once
+    def forward():
+        seen.append(attention_module._host_lengths(starts, lens))
+        seen.append(attention_module._host_lengths(starts, lens))   # the same call, unchanged: shared
+        lens.copy_(torch.tensor([2, 4], dtype=torch.int32))          # an in-place write bumps the version
+        starts[2] = 6
+        seen.append(attention_module._host_lengths(starts, lens))
+
+    forward()
+    assert seen[0] is seen[1]
+    assert seen[2] == ([0, 2, 6], [2, 4])
+    assert attention_module._call_lengths.get() is None   # the memo lives for one call only
+    assert attention_module._host_lengths(starts, lens) == ([0, 2, 6], [2, 4])
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 64])
+def test_the_skinny_mm_kernel_matches_a_float32_product(m, monkeypatch):
+    device = _triton_device()
+    if device is None:
+        pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
+    monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
+    # fp16: Triton's CPU interpreter has no bf16; on CUDA both run
+    dtypes = (torch.float16, torch.bfloat16) if device == "cuda" else (torch.float16,)
+    torch.manual_seed(m)
+    for dtype in dtypes:
+        for n, k in ((48, 64), (33, 70), (2048, 512)):
+            a = torch.randn(m, k, dtype=dtype, device=device)
+            w = torch.randn(n, k, dtype=dtype, device=device)
+            assert uses_kernel(a, w.t())
+            out = torch.ops.vgc.skinny_mm(a, w.t())
+            expected = a.float() @ w.float().t()
+            torch.testing.assert_close(out.float(), expected, atol=0.05 * expected.abs().max().item(), rtol=0)
+
+
+def test_skinny_mm_falls_back_to_torch_mm_outside_its_shapes():
+    w = torch.randn(24, 16, dtype=torch.bfloat16)
+    for a, b in ((torch.randn(MAX_M + 1, 16, dtype=torch.bfloat16), w.t()),   # too many rows
+                 (torch.randn(4, 16), w.float().t()),                         # fp32
+                 (torch.randn(4, 24, dtype=torch.bfloat16), w)):              # b not K-contiguous
+        assert not uses_kernel(a, b)
+        torch.testing.assert_close(torch.ops.vgc.skinny_mm(a, b), torch.mm(a, b), atol=0, rtol=0)
+
+
+class _Linears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(32, 64, bias=True, dtype=torch.float16)
+        self.down = torch.nn.Linear(64, 32, bias=False, dtype=torch.float16)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_the_skinny_matmuls_pass_rewrites_small_matmuls_and_leaves_large_ones(no_cache, monkeypatch, tmp_path):
+    """With the pass on (and allowed on CPU pieces), the mm and addmm of a call with few rows become
+    vgc::skinny_mm; a static call with more than MAX_M rows keeps aten's. Outputs equal eager either way."""
+    monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
+    monkeypatch.setenv("VGC_DEBUG_DUMP_PATH", str(tmp_path))
+    torch.manual_seed(0)
+    model = _Linears().eval()
+    compiled = torch.compile(model, backend="vgc", dynamic=False, options={
+        "pass_config": {"skinny_matmuls": True},
+        "inductor_compile_config": {"fx_graph_cache": False}})   # this test's own compile, whatever ran before
+    with torch.no_grad():
+        for rows in (4, MAX_M + 36):
+            x = torch.randn(rows, 32, dtype=torch.float16)
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-3, rtol=2e-3)
+    after = sorted(p for p in tmp_path.iterdir() if "after-skinny_matmuls" in p.name)
+    assert len(after) == 2, [p.name for p in tmp_path.iterdir()]
+    small, large = (p.read_text() for p in after)
+    assert small.count("vgc.skinny_mm") == 2 and "aten.mm" not in small and "aten.addmm" not in small
+    assert "vgc.skinny_mm" not in large and "aten.addmm" in large and "aten.mm" in large
+
+
+def test_the_skinny_matmuls_pass_is_off_by_default_and_keyed_by_what_it_does(monkeypatch):
+    from vgc.passes import BUILTIN_PASSES
+    from vgc.passes.manager import pass_manager
+
+    assert BUILTIN_PASSES["skinny_matmuls"].default is False   # measured slower than cuBLAS (docs/benchmarks.md)
+    assert pass_manager(vgc.CompilationConfig().pass_config, {}) is None
+    on = pass_manager({"skinny_matmuls": True}, {}).uuid()
+    monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
+    assert pass_manager({"skinny_matmuls": True}, {}).uuid() != on
+
+
+@pytest.mark.gpu
+def test_the_decoder_with_skinny_matmuls_equals_eager_in_every_graph_mode(no_cache):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = llama.tiny_config()
+    cfg.dtype = torch.bfloat16
+    with torch.device("cuda"):
+        model = llama.Llama(cfg).eval()
+    kv = llama.make_kv_caches(cfg, "cuda")
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(
+        cudagraph_mode="full_and_piecewise", cudagraph_capture_sizes=[1, 4, 8, 16],
+        pass_config={"skinny_matmuls": True}, inductor_compile_config={"fx_graph_cache": False}),
+        pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                    make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv))
+    with torch.no_grad():
+        for n, kind in ((1, "decode"), (3, "decode"), (16, "decode"), (12, "prefill"), (100, "decode")):
+            out = compiled(**llama.make_batch(cfg, n, kind, device="cuda", kv_caches=kv)).clone()
+            expected = model(**llama.make_batch(cfg, n, kind, device="cuda", kv_caches=kv))
+            torch.testing.assert_close(out.float(), expected.float(), atol=3e-2, rtol=3e-2, msg=f"{kind} {n}")

@@ -1,0 +1,54 @@
+"""`vgc::skinny_mm(a, b)`: `a @ b` that reads `b` once when `a` has few rows (a decode step's matmuls).
+
+cuBLAS runs a decode step's `[M, K] @ [K, N]` products, M at most a few dozen, as GEMV/GEMM kernels that read the
+weights at about 2.9 TB/s on an H200, against 4.3 TB/s for a plain copy: the 64 projections of a Llama-1B step were
+two thirds of its time. The `skinny_matmuls` graph pass (`vgc.passes.skinny_matmul`) puts this op in place of
+such `mm`s in every compiled piece, and the op picks per call, from shapes alone (so also at CUDA-graph capture):
+
+- CUDA, bf16/fp16, `b` K-contiguous (a weight's transpose) and `M <= MAX_M`: vgc's Triton kernel
+  (`triton_skinny_mm`), one launch, fp32 accumulation;
+- anything else: `torch.mm`, exactly what the graph held before the pass.
+
+With `VGC_SKINNY_MM_ON_CPU=1` and `TRITON_INTERPRET=1` the kernel runs on CPU tensors (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vgc import envs
+from vgc.ops import triton_skinny_mm
+
+__all__ = ["skinny_mm", "MAX_M", "uses_kernel"]
+
+# The most rows the kernel takes: it holds every row of `a` in one tile, and past this cuBLAS's GEMMs read the
+# weights as fast (measured on the H200 with benchmarks/sweep_skinny_mm.py).
+MAX_M = 64
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _kernel_device(t: torch.Tensor) -> bool:
+    if t.is_cuda:
+        return True
+    return t.device.type == "cpu" and envs.skinny_mm_on_cpu() and envs.triton_interpret()
+
+
+def uses_kernel(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `skinny_mm(a, b)` runs vgc's kernel (else `torch.mm`)."""
+    return (triton_skinny_mm.HAS_TRITON and 0 < a.shape[0] <= MAX_M and a.dtype in _DTYPES
+            and b.dtype == a.dtype and b.stride(0) == 1 and a.stride(1) == 1 and _kernel_device(a)
+            and b.device == a.device)
+
+
+@torch.library.custom_op("vgc::skinny_mm", mutates_args=())
+def skinny_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if not uses_kernel(a, b):
+        return torch.mm(a, b)
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    triton_skinny_mm.skinny_mm_into(out, a, b)
+    return out
+
+
+@skinny_mm.register_fake
+def _(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]))

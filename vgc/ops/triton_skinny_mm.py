@@ -1,0 +1,95 @@
+"""The Triton kernel behind `vgc::skinny_mm`: `a @ b` for a few rows of `a`, at the speed of reading `b` once.
+
+A decode step multiplies a handful of token rows by every weight matrix of the model, so its matmuls are bound by
+the bytes of the weights, not by arithmetic. One program owns `BLOCK_N` output columns for every row of `a` (up to
+`BLOCK_M`): it streams its `[BLOCK_N, K]` slab of the weight through a deep software pipeline exactly once and
+multiplies it with all of `a` on the tensor cores (rows past `M` are masked, so padding `a` to 16 rows costs no
+memory traffic). With no split over K there is no second pass and no workspace: one launch per matmul, safe in a
+CUDA graph.
+
+`b` is expected K-contiguous (a weight's transpose, as `F.linear` hands it to `mm`); `skinny_mm` checks that
+before it calls here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the op uses torch.mm
+    triton = None
+
+from vgc.ops.triton_launch import FastLauncher
+
+HAS_TRITON = triton is not None
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def choose_tile(m: int, n: int, k: int) -> Tile:
+    """The launch shape for an `[m, k] @ [k, n]` product.
+
+    Chosen on an H200 (bf16) by sweeping block sizes, warps and stages over Llama-1B's projection shapes at m = 1,
+    8, 32 and 64 (`benchmarks/sweep_skinny_mm.py`): enough programs to cover every SM, each with tens of KiB of
+    weight in flight."""
+    block_m = max(16, triton.next_power_of_2(m)) if triton else max(16, m)
+    block_n = 32 if n >= 8192 else 16
+    block_k = min(256, max(16, triton.next_power_of_2(k) if triton else k))
+    return Tile(block_m, block_n, block_k, num_warps=4, num_stages=4)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _skinny_mm_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a + rm[:, None] * stride_am + rk[None, :] * stride_ak      # [BLOCK_M, BLOCK_K]
+        b_ptrs = b + rn[:, None] * stride_bn + rk[None, :] * stride_bk      # [BLOCK_N, BLOCK_K]: rows of the weight
+        m_mask = rm[:, None] < M
+        n_mask = rn[:, None] < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a_tile = tl.load(a_ptrs, mask=m_mask, other=0.0)
+                if EVEN_N:
+                    b_tile = tl.load(b_ptrs)
+                else:
+                    b_tile = tl.load(b_ptrs, mask=n_mask, other=0.0)
+            else:
+                k_mask = rk[None, :] < K - k0
+                a_tile = tl.load(a_ptrs, mask=m_mask & k_mask, other=0.0)
+                b_tile = tl.load(b_ptrs, mask=n_mask & k_mask, other=0.0)
+            acc = tl.dot(a_tile, tl.trans(b_tile), acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        c_ptrs = c + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=m_mask & (rn[None, :] < N))
+
+    _launch = FastLauncher(_skinny_mm_kernel)
+
+
+def skinny_mm_into(out, a, b, tile: Tile | None = None) -> None:
+    """`out = a @ b` with the kernel; `tile` overrides `choose_tile` (the sweep uses it)."""
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0:
+        return
+    tile = tile or choose_tile(m, n, k)
+    _launch((triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_m)), (a, b, out),
+            (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1)),
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+            EVEN_N=n % tile.block_n == 0, EVEN_K=k % tile.block_k == 0,
+            num_warps=tile.num_warps, num_stages=tile.num_stages)
