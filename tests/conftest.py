@@ -121,3 +121,14 @@ def simulated_cuda(monkeypatch, simulated_capture, no_cache, fresh_counters):
     graph runtime), no on-disk cache and fresh counters."""
     monkeypatch.setattr(vgc._compat, "device_from_inputs", lambda example_inputs: torch.device("cuda"))
     return fresh_counters
+
+
+def triton_device():
+    """Where vgc's Triton kernels can run here: CUDA, or Triton's CPU interpreter (TRITON_INTERPRET=1); else None."""
+    from vgc.ops import triton_launch
+
+    if triton_launch.triton is None:
+        return None
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None

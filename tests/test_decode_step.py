@@ -10,21 +10,9 @@ import torch
 import vgc
 from vgc.models import llama
 from vgc.ops.skinny_mm import MAX_M, uses_kernel
-from conftest import FP32_TOL
+from conftest import FP32_TOL, triton_device
 
 attention_module = importlib.import_module("vgc.ops.attention")   # vgc.ops.attention is also the op's name
-
-
-def _triton_device():
-    from vgc.ops import triton_skinny_mm
-
-    if not triton_skinny_mm.HAS_TRITON:
-        return None
-    if torch.cuda.is_available():
-        return "cuda"
-    import os
-
-    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None
 
 
 def _count_length_reads(monkeypatch) -> list:
@@ -67,7 +55,16 @@ def test_lengths_written_in_place_within_a_call_are_read_again():
         starts[2] = 6
         seen.append(attention_module._host_lengths(starts, lens))
 
+    @attention_module.lengths_read_once
+    def forward_with_fresh_tensors():
+        # Length tensors made and freed inside the call: a later one may get the same memory, never the same answer
+        for n in range(2, 6):
+            seen.append(attention_module._host_lengths(torch.tensor([0, n], dtype=torch.int32),
+                                                       torch.tensor([n], dtype=torch.int32)))
+
     forward()
+    forward_with_fresh_tensors()
+    assert seen[3:] == [([0, n], [n]) for n in range(2, 6)]
     assert seen[0] is seen[1]
     assert seen[2] == ([0, 2, 6], [2, 4])
     assert attention_module._call_lengths.get() is None   # the memo lives for one call only
@@ -76,7 +73,7 @@ def test_lengths_written_in_place_within_a_call_are_read_again():
 
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 64])
 def test_the_skinny_mm_kernel_matches_a_float32_product(m, monkeypatch):
-    device = _triton_device()
+    device = triton_device()
     if device is None:
         pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
     monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")

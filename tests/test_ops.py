@@ -9,6 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from vgc.ops import attention, reference_attention
 from vgc.ops.attention import _attend_math, _attend_sdpa, _paged_attention
+from conftest import triton_device
 
 ATOL = 1e-5
 
@@ -181,17 +182,6 @@ def test_bad_argument_raises_naming_it(name, change):
 
 # ---- the Triton kernels of the CUDA path --------------------------------------------------------------------------
 
-def _triton_device():
-    """Where the Triton kernels can run here: CUDA, or Triton's CPU interpreter (TRITON_INTERPRET=1)."""
-    import os
-    from vgc.ops import triton_attention
-    if not triton_attention.HAS_TRITON:
-        return None
-    if torch.cuda.is_available():
-        return "cuda"
-    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None
-
-
 def _interleaved(cache):
     """The same cache values in a [num_blocks, 2, block_size, H, D] buffer: K and V become strided views."""
     both = torch.stack([cache, cache], dim=1).contiguous()
@@ -203,7 +193,7 @@ def _interleaved(cache):
 def test_triton_decode_and_kv_write_match_reference(heads, layout):
     """The decode kernel (K/V write + attention, GQA groups of 1 to 8) and the KV-write kernel, against the
     float64 reference, with padding rows (slot -1, length 0) and repeated calls (the cached-launch path)."""
-    device = _triton_device()
+    device = triton_device()
     if device is None:
         pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
     from vgc.ops import triton_attention

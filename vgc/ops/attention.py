@@ -127,7 +127,9 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     output[starts[-1]:].zero_()
 
 
-# Within one forward call: (address, version, shape) of query_start_loc and seq_lens -> their host copies.
+# Within one forward call: (address, version, shape, strides, dtype) of query_start_loc and seq_lens -> the two
+# tensors and their host copies. Holding the tensors keeps their memory from being handed to another tensor during
+# the call (a length tensor a layer computes and frees, then another at the same address, must not hit).
 _call_lengths: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vgc_call_lengths", default=None)
 
 
@@ -156,12 +158,11 @@ def _host_lengths(query_start_loc, seq_lens):
     memo = _call_lengths.get()
     if memo is None:
         return _read_lengths(query_start_loc, seq_lens)
-    key = (query_start_loc.data_ptr(), query_start_loc._version, query_start_loc.shape,
-           seq_lens.data_ptr(), seq_lens._version, seq_lens.shape)
+    key = tuple((t.data_ptr(), t._version, t.shape, t.stride(), t.dtype) for t in (query_start_loc, seq_lens))
     found = memo.get(key)
     if found is None:
-        found = memo[key] = _read_lengths(query_start_loc, seq_lens)
-    return found
+        found = memo[key] = (query_start_loc, seq_lens, _read_lengths(query_start_loc, seq_lens))
+    return found[2]
 
 
 def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,
