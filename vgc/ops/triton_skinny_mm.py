@@ -36,15 +36,13 @@ class Tile:
 
 
 def choose_tile(m: int, n: int, k: int) -> Tile:
-    """The launch shape for an `[m, k] @ [k, n]` product.
-
-    Chosen on an H200 (bf16) by sweeping block sizes, warps and stages over Llama-1B's projection shapes at m = 1,
-    8, 32 and 64 (`benchmarks/sweep_skinny_mm.py`): enough programs to cover every SM, each with tens of KiB of
-    weight in flight."""
+    """The launch shape for an `[m, k] @ [k, n]` product: the winners of the H200 sweep over Llama-1B's projection
+    shapes (`benchmarks/sweep_skinny_mm.py`, `benchmarks/results/skinny-mm-sweep-h200-2026-12-03.txt`): wide
+    blocks and a shallow pipeline for a wide weight, narrow blocks and a deep pipeline for the others."""
     block_m = max(16, triton.next_power_of_2(m)) if triton else max(16, m)
-    block_n = 32 if n >= 8192 else 16
-    block_k = min(256, max(16, triton.next_power_of_2(k) if triton else k))
-    return Tile(block_m, block_n, block_k, num_warps=4, num_stages=4)
+    block_n = 64 if n >= 8192 else 32 if n > 2048 else 16
+    block_k = min(256 if k >= 8192 else 128, max(16, triton.next_power_of_2(k) if triton else k))
+    return Tile(block_m, block_n, block_k, num_warps=4, num_stages=3 if n >= 8192 else 5)
 
 
 if HAS_TRITON:
