@@ -85,10 +85,11 @@ def main() -> None:
                            top5=[(us, t.__dict__) for us, t in tiles[:5]], default=default.__dict__,
                            default_us=default_us, default_gbs=nbytes / default_us / 1e3)
             results.append(row)
-            print(f"{name:8s} m={m:4d}  cublas {row['cublas_us']:7.2f} us {row['cublas_gbs']:6.0f} GB/s"
-                  + (f" | best {row['best_us']:7.2f} us {row['best_gbs']:6.0f} GB/s {row['best']}"
-                     f" | default {row['default_us']:7.2f} us {row['default_gbs']:6.0f} GB/s" if 'best_us' in row else ""),
-                  flush=True)
+            line = f"{name:8s} m={m:4d}  cublas {row['cublas_us']:7.2f} us {row['cublas_gbs']:6.0f} GB/s"
+            if "best_us" in row:
+                line += (f" | best {row['best_us']:7.2f} us {row['best_gbs']:6.0f} GB/s {row['best']}"
+                         f" | default {row['default_us']:7.2f} us {row['default_gbs']:6.0f} GB/s")
+            print(line, flush=True)
         weights.clear()
     if args.json:
         with open(args.json, "w") as f:

@@ -2,8 +2,9 @@
 
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", vgc.compile with
 cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE, FULL_AND_PIECEWISE's twins (attention reading the
-lengths once per layer, vgc's skinny matmul kernel, PDL, tuning scoped to a static batch-1 artifact), and drop-in torch.compile(backend="vgc")
-with PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch sizes and one prefill size.
+lengths once per layer, vgc's skinny matmul kernel, PDL, tuning scoped to a static batch-1 artifact), and
+drop-in torch.compile(backend="vgc") with PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch
+sizes and one prefill size.
 Each cell is the median of `--steps` steps timed with CUDA events after `--warmup` untimed steps. With `--passes`,
 some vgc rows get a "+ passes" twin (every built-in graph pass on), timed interleaved with the plain row; with
 `--interleave`, every chosen row is built first and all are timed interleaved.
@@ -264,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, value in zip(built, ms):
                 cells[name][column] = value
             print(f"  {column}: " + ", ".join(f"{name} {value:.3f}" for name, value in zip(built, ms)), flush=True)
-        if not args.no_kernel_count and len(groups) == 1:   # (with several groups, a later group's timing would follow it)
-            # After every timing: once the profiler has run, launches in this process cost more host time
-            # (measured on the H200: prefill 512 took 2x as long after a profiled column as in a clean process)
+        if not args.no_kernel_count and len(groups) == 1:
+            # After every timing (so only with one group): once the profiler has run, launches in this process cost
+            # more host time (on the H200, prefill 512 took 2x as long after a profiled column as in a clean process)
             for column, make in columns:
                 batch = make()
                 for name, (fn, extra) in built.items():
@@ -289,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nroofline: {weight_bytes / 1e9:.2f} GB of weights per step; a device-to-device copy moves "
           f"{copy_gbs:.0f} GB/s here (floor {weight_bytes / copy_gbs / 1e6:.3f} ms). Weight GB/s (share of copy):")
     for name, r in results.items():
-        print(f"{name:26s}" + "".join(f"{weight_bytes / r['ms'][c] / 1e6:8.0f} ({weight_bytes / r['ms'][c] / 1e6 / copy_gbs:3.0%})"
-                                      for c, _ in columns))
+        gbs = [weight_bytes / r["ms"][c] / 1e6 for c, _ in columns]
+        print(f"{name:26s}" + "".join(f"{g:8.0f} ({g / copy_gbs:3.0%})" for g in gbs))
     counted = {name: r["kernels"] for name, r in results.items() if r.get("kernels")}
     if counted:
         print("\nGPU kernels per call (profiler):")

@@ -1,13 +1,16 @@
 """`vgc::skinny_mm(a, b)`: `a @ b` that reads `b` once when `a` has few rows (a decode step's matmuls).
 
-cuBLAS runs a decode step's `[M, K] @ [K, N]` products, M at most a few dozen, as GEMV/GEMM kernels that read the
-weights at about 2.9 TB/s on an H200, against 4.3 TB/s for a plain copy: the 64 projections of a Llama-1B step were
-two thirds of its time. The `skinny_matmuls` graph pass (`vgc.passes.skinny_matmul`) puts this op in place of
-such `mm`s in every compiled piece, and the op picks per call, from shapes alone (so also at CUDA-graph capture):
+A decode step's `[M, K] @ [K, N]` products, M at most a few dozen, are bound by the bytes of the weights. The
+`skinny_matmuls` graph pass (`vgc.passes.skinny_matmul`, off by default) puts this op in place of such `mm`s in every
+compiled piece, and the op picks per call, from shapes alone (so also at CUDA-graph capture):
 
 - CUDA, bf16/fp16, `b` K-contiguous (a weight's transpose) and `M <= MAX_M`: vgc's Triton kernel
   (`triton_skinny_mm`), one launch, fp32 accumulation;
 - anything else: `torch.mm`, exactly what the graph held before the pass.
+
+Measured on an H200 (`benchmarks/sweep_skinny_mm.py`, docs/benchmarks.md): cuBLAS is as fast on a wide weight
+(gate/up: 3.74 TB/s against the kernel's best 3.78) and faster where it splits K (down: 2.6 against 2.0), so the
+pass stays off; this op is where a split-K or weight-prefetching variant would go.
 
 With `VGC_SKINNY_MM_ON_CPU=1` and `TRITON_INTERPRET=1` the kernel runs on CPU tensors (tests).
 """
@@ -19,12 +22,11 @@ import torch
 from vgc import envs
 from vgc.ops import triton_skinny_mm
 
-__all__ = ["skinny_mm", "MAX_M", "uses_kernel"]
+__all__ = ["skinny_mm", "DTYPES", "MAX_M", "uses_kernel"]
 
-# The most rows the kernel takes: it holds every row of `a` in one tile, and past this cuBLAS's GEMMs read the
-# weights as fast (measured on the H200 with benchmarks/sweep_skinny_mm.py).
+# The most rows the kernel takes: it holds every row of `a` in one tile (the sweep measured it up to 64 rows).
 MAX_M = 64
-_DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = (torch.bfloat16, torch.float16)   # what the kernel multiplies (fp32 accumulation)
 
 
 def _kernel_device(t: torch.Tensor) -> bool:
@@ -35,7 +37,7 @@ def _kernel_device(t: torch.Tensor) -> bool:
 
 def uses_kernel(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether `skinny_mm(a, b)` runs vgc's kernel (else `torch.mm`)."""
-    return (triton_skinny_mm.HAS_TRITON and 0 < a.shape[0] <= MAX_M and a.dtype in _DTYPES
+    return (triton_skinny_mm.HAS_TRITON and 0 < a.shape[0] <= MAX_M and a.dtype in DTYPES
             and b.dtype == a.dtype and b.stride(0) == 1 and a.stride(1) == 1 and _kernel_device(a)
             and b.device == a.device)
 
