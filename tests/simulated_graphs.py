@@ -1,7 +1,7 @@
 """A stand-in for CUDA graph capture on the CPU, for tests and their worker processes (no environment changes
 on import, unlike conftest)."""
 
-from vgc.cudagraph import runtime as cuda_runtime
+from vgc import cuda_runtime
 from vgc.cudagraph.padding import output_tensors
 from vgc.cudagraph.runtime import bypass_piece_graphs
 

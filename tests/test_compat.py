@@ -15,8 +15,8 @@ import torch
 import torch.fx as fx
 
 import vgc
-from vgc import _compat, views
-from vgc.cudagraph.piece import mutated_inputs
+from vgc import _compat, aliasing
+from vgc.aliasing import mutated_inputs
 from vgc.split import op_names, split_graph
 
 
@@ -197,7 +197,7 @@ _COMPLEX_ARGUMENTS = {"imag": lambda: torch.randn(3, 4, dtype=torch.complex64),
 
 
 def test_every_certain_view_in_the_table_is_a_view_in_torch():
-    assert set(_CERTAIN_VIEWS) == {name for name, certain in views.VIEW_OPS.items() if certain}
+    assert set(_CERTAIN_VIEWS) == {name for name, certain in aliasing.VIEW_OPS.items() if certain}
     for name, make in _CERTAIN_VIEWS.items():
         base = _COMPLEX_ARGUMENTS.get(name, lambda: torch.randn(3, 4))()
         assert make(base).untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), name
@@ -207,7 +207,7 @@ def test_reshape_is_only_a_possible_view():
     x = torch.randn(3, 4)
     assert x.reshape(12).untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     assert x.t().reshape(12).untyped_storage().data_ptr() != x.untyped_storage().data_ptr()   # a copy
-    assert views.VIEW_OPS["reshape"] is False and views.VIEW_OPS["contiguous"] is False
+    assert aliasing.VIEW_OPS["reshape"] is False and aliasing.VIEW_OPS["contiguous"] is False
 
 
 def _nodes(fn):
@@ -219,11 +219,11 @@ def test_views_are_recognised_by_identity_as_a_function_method_or_operator():
                lambda x: torch.ops.aten.transpose.int(x, 0, 1), lambda x: torch.ops.aten.transpose(x, 0, 1)]
     for fn in certain:
         (node,) = _nodes(fn)
-        assert views.is_view(node) and views.may_be_view(node), node.target
+        assert aliasing.is_view(node) and aliasing.may_be_view(node), node.target
     (reshape,) = _nodes(lambda x: x.reshape(-1))
-    assert views.may_be_view(reshape) and not views.is_view(reshape)
+    assert aliasing.may_be_view(reshape) and not aliasing.is_view(reshape)
     (add,) = _nodes(lambda x: x + 1)
-    assert not views.may_be_view(add)
+    assert not aliasing.may_be_view(add)
 
 
 def test_a_callable_merely_named_like_a_view_is_only_a_possible_view():
@@ -231,7 +231,7 @@ def test_a_callable_merely_named_like_a_view_is_only_a_possible_view():
         return x
 
     node = fx.Graph().create_node("call_function", transpose, (None,))
-    assert views.may_be_view(node) and not views.is_view(node)
+    assert aliasing.may_be_view(node) and not aliasing.is_view(node)
 
 
 def test_mutated_inputs_through_views_setitem_and_possible_views():

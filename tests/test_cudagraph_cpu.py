@@ -127,7 +127,7 @@ def test_cudagraph_settings_share_one_cache_entry():
 
 
 def test_mutated_inputs_are_found_through_views():
-    from vgc.cudagraph.piece import mutated_inputs
+    from vgc.aliasing import mutated_inputs
 
     def f(cache, x, y):
         cache[0].add_(x)              # through a view

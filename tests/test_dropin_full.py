@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import vgc
-from vgc.cudagraph import runtime as cuda_runtime
+from vgc import cuda_runtime
 from vgc.cudagraph.dropin import MAX_RECAPTURES, REPLAYS_PER_CAPTURE
 from vgc.models import llama
 from conftest import FP32_TOL

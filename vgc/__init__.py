@@ -1,6 +1,6 @@
 """vgc: a torch.compile backend that gives any PyTorch inference model vLLM's compilation strategy."""
 
-__version__ = "0.1.0"
+from vgc._version import __version__
 
 from vgc import envs  # noqa: E402,F401  (first: it records the user's settings before torch changes any)
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesConfig, DynamicShapesType  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from vgc import _compat, log, request_checks, views
+from vgc import _compat, aliasing, log, request_checks
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
 from vgc.cache.keys import traced_source_files
@@ -20,7 +20,8 @@ from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_ke
 from vgc.config import DEFAULT_SPLITTING_OPS, CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
 from vgc.cudagraph.dropin import DropInGraphs, GraphInputs, full_graph_blocker
-from vgc.cudagraph.piece import CUDAGraphPiece, mutated_inputs
+from vgc.aliasing import mutated_inputs
+from vgc.cudagraph.piece import CUDAGraphPiece
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.distributed import RankFailedError
 from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
@@ -160,7 +161,7 @@ def _grad_anchor(example_inputs: list) -> int | None:
 
 def _aliases_input(node) -> bool:
     """The graph returns one of its inputs, or what may be a view of one."""
-    base = views.storage_base(node)
+    base = aliasing.storage_base(node)
     return isinstance(base, fx.Node) and base.op == "placeholder"
 
 

@@ -24,8 +24,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from vgc import _compat, envs
-from vgc.cudagraph import runtime as cuda_runtime  # module attribute: tests substitute it
-from vgc.cudagraph.piece import mutated_inputs
+from vgc import cuda_runtime  # module attribute: tests substitute it
+from vgc.aliasing import mutated_inputs
 from vgc.guards import resolve_source
 
 # Embedding lookups as Dynamo (or a hand-made aten graph) records them, and where their indices are.

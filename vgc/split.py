@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from vgc import _compat, views
+from vgc import _compat, aliasing
 
 logger = logging.getLogger("vgc")
 
@@ -190,7 +190,7 @@ def _is_basic_index(value) -> bool:
 
 def _is_view_of(node: fx.Node, base) -> bool:
     """A certain view of `base` whose other arguments are constants (a tensor index makes `base[i]` a copy)."""
-    return views.is_view(node) and node.args[0] is base and \
+    return aliasing.is_view(node) and node.args[0] is base and \
         _is_basic_index((node.args[1:], tuple(node.kwargs.values())))
 
 

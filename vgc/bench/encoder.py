@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("vgc bench encoder: --model qwen2_vl needs a CUDA device; use --model tiny on the CPU")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    from vgc.cudagraph import runtime as cuda_runtime
+    from vgc import cuda_runtime
 
     graphs_ok = cuda_runtime.graphs_supported(device)
     unavailable = {r: "needs CUDA" for r in rows if (r in GRAPH_ROWS and not graphs_ok)

@@ -28,7 +28,7 @@ import torch.fx as fx
 from vgc import _compat
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
-from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
+from vgc import cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import (GraphRuntime, ReplaySampler, bypass_piece_graphs, capture_failure, check_replay,
                                   paused_gc, piece_graphs_bypassed)
 

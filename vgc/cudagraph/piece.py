@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import logging
-import operator
 from dataclasses import dataclass
 
 import torch
-import torch.fx as fx
 
-from vgc import _compat, views
 from vgc.counters import counters
-from vgc.cudagraph import runtime as cuda_runtime  # module attribute access: tests substitute capture()
+from vgc import cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import GraphRuntime, capture_failure, piece_graphs_bypassed
 from vgc.piecewise import CompiledPiece
 
@@ -25,56 +22,6 @@ class _Entry:
     copy_in: list[int]                # argument positions copied into `inputs` before each replay
     pinned: list[tuple[int, int]]     # (argument position, address) the graph reads in place
     outputs: object                   # the graph's output tensors, rewritten by every replay
-
-
-# Python's in-place operators as Dynamo records them (`x += y` is operator.iadd, `x[i] = y` operator.setitem):
-# each writes its first argument when that is a tensor.
-_IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
-                       operator.irshift, operator.imatmul, operator.setitem}
-
-
-def mutated_inputs(gm: fx.GraphModule) -> set[int]:
-    """Positions of the piece's inputs that it writes in place (directly or through a view)."""
-    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
-
-    def base_input(node):
-        # Any result that may share its argument's storage counts: an in-place op on it may write the base.
-        node = views.storage_base(node)
-        return placeholders.get(node) if isinstance(node, fx.Node) else None
-
-    mutated = set()
-    for node in gm.graph.nodes:
-        mutated.update(i for i in map(base_input, written_arguments(node)) if i is not None)
-    return mutated
-
-
-def written_arguments(node: fx.Node) -> list:
-    """The arguments `node` writes in place (by its schema, as Python's in-place operators, or as `x.op_()`)."""
-    if node.op not in ("call_function", "call_method"):
-        return []
-    schemas = _compat.op_schemas(node.target)
-    if schemas:   # several for a packet: an argument any of its overloads writes counts
-        return [_argument(node, arg, i) for schema in schemas for i, arg in enumerate(schema.arguments)
-                if arg.alias_info is not None and arg.alias_info.is_write]
-    if node.target in _IN_PLACE_OPERATORS or getattr(operator, _name(node).strip("_"), None) in \
-            _IN_PLACE_OPERATORS:   # also `x.__iadd__(y)`
-        return list(node.args[:1])
-    if _name(node).endswith("_") and not _name(node).startswith("__") and node.args:
-        return [node.args[0]]
-    return []
-
-
-def _argument(node: fx.Node, argument: torch.Argument, position: int):
-    """The value `node` passes for a schema argument, positionally or by keyword (None when not passed)."""
-    if position < len(node.args) and not argument.kwarg_only:
-        return node.args[position]
-    return node.kwargs.get(argument.name)
-
-
-def _name(node: fx.Node) -> str:
-    target = node.target
-    return target if isinstance(target, str) else getattr(target, "__name__", "")
 
 
 class CUDAGraphPiece:

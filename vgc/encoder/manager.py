@@ -24,7 +24,8 @@ import torch.distributed as dist
 from vgc import log
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
-from vgc.cudagraph import runtime as cuda_runtime   # module attribute access: tests substitute capture()
+from vgc import cuda_runtime   # module attribute access: tests substitute capture()
+from vgc.cudagraph.runtime import frozen_gc
 from vgc.encoder import data_parallel
 from vgc.encoder.pack import PathBudgets, SubBatch, budget_levels, pack
 from vgc.encoder.protocol import (DEFAULT_PATH, GLOBAL_PATH, LOCAL_PATH, BudgetGraphMetadata,
@@ -131,7 +132,7 @@ class EncoderCudaGraphManager:
                 self._trace(path)
                 bar.update(1)
             self._seconds["compile"] = time.perf_counter() - start
-            with cuda_runtime.frozen_gc():
+            with frozen_gc():
                 for path, budget in todo:
                     self._capture_one(path, budget)
                     bar.update(1)

@@ -37,7 +37,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from vgc.cudagraph import runtime as cuda_runtime  # module attribute: tests substitute it
+from vgc import cuda_runtime  # module attribute: tests substitute it
 from vgc.ops import triton_attention
 
 __all__ = ["attention", "reference_attention"]

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from vgc import _compat, views
-from vgc.cudagraph.piece import written_arguments
-from vgc.cudagraph.runtime import stream_capturing
+from vgc import _compat, aliasing
+from vgc.aliasing import written_arguments
+from vgc.cuda_runtime import stream_capturing
 
 logger = logging.getLogger("vgc")
 
@@ -156,11 +156,11 @@ def _groups(module: fx.GraphModule, state_value: dict[fx.Node, torch.Tensor]) ->
 def _written_between(module: fx.GraphModule, x: fx.Node, first: fx.Node, last: fx.Node) -> bool:
     """Some node from `first` to `last` writes in place to `x` or to a tensor sharing its storage (conservatively:
     any in-place write to a tensor whose storage base is x's, or whose base is unknown)."""
-    base = views.storage_base(x)
+    base = aliasing.storage_base(x)
     between = False
     for node in module.graph.nodes:
         between = between or node is first
-        if between and any(isinstance(a, fx.Node) and views.storage_base(a) in (base, None)
+        if between and any(isinstance(a, fx.Node) and aliasing.storage_base(a) in (base, None)
                            for a in written_arguments(node)):
             return True
         if node is last:

@@ -1,4 +1,5 @@
-"""Which FX nodes return views of their first argument: one table for both readers of it.
+"""Which FX nodes alias or write their inputs: views of their first argument (one table for every reader of it),
+in-place writes, and the graph inputs a graph writes.
 
 Splitting moves graph inputs' views into the eager piece that uses them, which is safe only for results that
 certainly are views. The CUDA-graph pieces look for inputs written through views, which must count every result
@@ -88,3 +89,53 @@ def _torch_name(target) -> str | None:
     if isinstance(name, str) and (getattr(torch, name, None) is target or getattr(torch.Tensor, name, None) is target):
         return name
     return None
+
+
+# Python's in-place operators as Dynamo records them (`x += y` is operator.iadd, `x[i] = y` operator.setitem):
+# each writes its first argument when that is a tensor.
+_IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                       operator.irshift, operator.imatmul, operator.setitem}
+
+
+def mutated_inputs(gm: fx.GraphModule) -> set[int]:
+    """Positions of the piece's inputs that it writes in place (directly or through a view)."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+
+    def base_input(node):
+        # Any result that may share its argument's storage counts: an in-place op on it may write the base.
+        node = storage_base(node)
+        return placeholders.get(node) if isinstance(node, fx.Node) else None
+
+    mutated = set()
+    for node in gm.graph.nodes:
+        mutated.update(i for i in map(base_input, written_arguments(node)) if i is not None)
+    return mutated
+
+
+def written_arguments(node: fx.Node) -> list:
+    """The arguments `node` writes in place (by its schema, as Python's in-place operators, or as `x.op_()`)."""
+    if node.op not in ("call_function", "call_method"):
+        return []
+    schemas = _compat.op_schemas(node.target)
+    if schemas:   # several for a packet: an argument any of its overloads writes counts
+        return [_argument(node, arg, i) for schema in schemas for i, arg in enumerate(schema.arguments)
+                if arg.alias_info is not None and arg.alias_info.is_write]
+    if node.target in _IN_PLACE_OPERATORS or getattr(operator, _name(node).strip("_"), None) in \
+            _IN_PLACE_OPERATORS:   # also `x.__iadd__(y)`
+        return list(node.args[:1])
+    if _name(node).endswith("_") and not _name(node).startswith("__") and node.args:
+        return [node.args[0]]
+    return []
+
+
+def _argument(node: fx.Node, argument: torch.Argument, position: int):
+    """The value `node` passes for a schema argument, positionally or by keyword (None when not passed)."""
+    if position < len(node.args) and not argument.kwarg_only:
+        return node.args[position]
+    return node.kwargs.get(argument.name)
+
+
+def _name(node: fx.Node) -> str:
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
