@@ -17,7 +17,7 @@ import traceback
 import torch
 
 import vgc
-from vgc.cache import store
+from vgc import log
 from vgc.models import llama
 
 from cache_worker import WarningRecorder   # this directory is the script's sys.path[0]
@@ -29,7 +29,7 @@ def serve(root: str) -> dict:
     from torch._inductor.utils import clear_caches
 
     clear_caches()
-    store._warned.clear()
+    log._warned.clear()
     warnings = WarningRecorder()
     logging.getLogger("vgc").addHandler(warnings)
     before = vgc.counters.as_dict()

@@ -13,8 +13,8 @@ import torch
 
 import vgc
 from vgc import envs
-from vgc.cache import inventory
-from vgc.cache.store import ARTIFACT_DIR
+from vgc.cache import inventory, verify
+from vgc.cache.layout import ARTIFACT_DIR
 from vgc.cli import main as vgc_main
 from conftest import FP32_TOL
 
@@ -118,7 +118,7 @@ def test_corrupt_truncated_and_missing_artifacts_are_rebuilt(cold_then_warm, tmp
     assert len(result["unusable_warnings"]) == damaged
     assert all(str(copy) in w for w in result["unusable_warnings"]), "the warning names the artifact's path"
     assert result["max_diff"] < 1e-4
-    assert inventory.verify_entry(inventory.entries(copy)[0]) == []
+    assert verify.verify_entry(inventory.entries(copy)[0]) == []
 
 
 def test_disable_cache_leaves_root_empty(tmp_path):

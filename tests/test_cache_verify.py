@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vgc.cache import inventory, recovery
-from vgc.cache.store import ARTIFACT_DIR, INDEX_FILE
+from vgc.cache import recovery
+from vgc.cache.verify import CannotVerify, verify_root
+from vgc.cache.layout import ARTIFACT_DIR, CACHE_SUBDIR, INDEX_FILE
 from vgc.cli import main as vgc_main
 
 WORKER = str(Path(__file__).with_name("cache_worker.py"))
@@ -38,7 +39,7 @@ def copy(warm_root, tmp_path):
 
 
 def rank_dir(root: Path) -> Path:
-    (path,) = root.glob(f"{inventory.CACHE_SUBDIR}/*/rank_0_0")
+    (path,) = root.glob(f"{CACHE_SUBDIR}/*/rank_0_0")
     return path
 
 
@@ -127,7 +128,7 @@ def test_a_harmful_fault_is_named(copy, capsys, fault):
     bad_lines = [line for line in out.splitlines() if line.startswith("BAD  ")]
     assert any(line.startswith(f"BAD  {bad_path}: ") for line in bad_lines), out
     assert out.splitlines()[-1].endswith(f", {len(bad_lines)} bad")
-    assert bad_path in [path for path, _ in inventory.verify_root(copy)]
+    assert bad_path in [path for path, _ in verify_root(copy)]
 
 
 def test_malformed_record_is_named(copy, capsys):
@@ -165,7 +166,7 @@ def test_clean_root_passes_and_changes_nothing(warm_root, capsys):
     assert code == 0, out
     count = len(json.loads((rank_dir(warm_root) / INDEX_FILE).read_text()))
     assert out.splitlines()[-1] == f"{count} artifacts in 1 entries checked, 0 bad"
-    assert inventory.verify_root(warm_root) == []
+    assert verify_root(warm_root) == []
     assert sorted(str(p.relative_to(warm_root)) for p in warm_root.rglob("*")) == before
 
 
@@ -186,8 +187,8 @@ def test_a_root_that_cannot_be_checked(tmp_path, capsys, make):
         os.symlink(root.name, root)
     code, out = verify(capsys, root)
     assert code == 2 and out.startswith(f"vgc cache verify: cannot check {root}: "), out
-    with pytest.raises(inventory.CannotVerify):
-        inventory.verify_root(root)
+    with pytest.raises(CannotVerify):
+        verify_root(root)
 
 
 def test_verify_failing_itself_is_status_2(copy, capsys, monkeypatch):

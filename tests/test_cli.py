@@ -15,7 +15,7 @@ import torch
 import vgc
 from vgc import demo
 from vgc.cache import cli as cache_cli
-from vgc.cache import inventory
+from vgc.cache import inventory, layout
 from vgc.cache.keys import cache_key, source_factors
 from vgc.cli import build_parser, main
 
@@ -27,7 +27,7 @@ def make_entry(root: Path, config: vgc.CompilationConfig, env: dict = FAKE_ENV, 
     """An entry laid out as `store.py` writes one: key factors, an index and one binary artifact."""
     srcs = source_factors(source_paths) if source_paths else [list(s) for s in sources]
     key, factors = cache_key(config.hash_factors(), env, srcs)
-    rank_dir = root / inventory.CACHE_SUBDIR / key / "rank_0_0"
+    rank_dir = root / layout.CACHE_SUBDIR / key / "rank_0_0"
     (rank_dir / "artifacts").mkdir(parents=True)
     (rank_dir / "cache_key_factors.json").write_text(
         json.dumps({"hash": key, "factors": factors, "source_paths": [str(p) for p in source_paths]}))

@@ -17,7 +17,7 @@ import torch.fx as fx
 import vgc
 from vgc import _compat, aliasing
 from vgc.aliasing import mutated_inputs
-from vgc.split import op_names, split_graph
+from vgc.piecewise.split import op_names, split_graph
 
 
 # ---- FX graphs ---------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import vgc
-from vgc import compile_ranges
+from vgc.capture import compile_ranges
 
 
 class Branchy(torch.nn.Module):

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import vgc
-from vgc.contract import dynamic_dims
+from vgc.capture.contract import dynamic_dims
 from conftest import FP32_TOL
 
 
@@ -113,7 +113,7 @@ def test_an_object_vgc_cannot_check_is_refused_before_compiling(no_cache):
 
 def test_size_assumptions_read_in_argument_terms_and_are_checked():
     import sympy
-    from vgc.guards import build_size_guards
+    from vgc.capture.size_guards import build_size_guards
 
     def resolve(location):   # the locations as given: these are the arguments' own names
         return location
@@ -165,7 +165,7 @@ def test_size_assumptions_read_as_python_in_the_calls_terms():
     import sympy
     from torch.utils._sympy.functions import FloorDiv, PythonMod
 
-    from vgc.guards import _render
+    from vgc.capture.size_guards import _render
 
     s0, s1 = sympy.symbols("s0 s1", integer=True)
     names = {s0: "input_values.size(1)", s1: "x.size(0)"}

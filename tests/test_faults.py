@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 import vgc
-from vgc.cache import inventory
-from vgc.cache.store import ARTIFACT_DIR
+from vgc.cache import inventory, verify
+from vgc.cache.layout import ARTIFACT_DIR
 
 HERE = Path(__file__).parent
 FAULT_COUNT = int(os.environ.get("VGC_FAULTS", "12"))
@@ -166,8 +166,8 @@ def expected_refusal(kind: str, op: str) -> bool:
 def _verify(root: Path) -> list[str]:
     """What `vgc cache verify` finds: (path, problem) lines; a root it cannot check counts as flagged."""
     try:
-        return [f"{path}: {problem}" for path, problem in inventory.verify_root(root)]
-    except inventory.CannotVerify as e:
+        return [f"{path}: {problem}" for path, problem in verify.verify_root(root)]
+    except verify.CannotVerify as e:
         return [str(e)]
 
 
@@ -302,7 +302,7 @@ def test_an_injected_enospc_on_every_cache_write_still_compiles_and_warns_once(t
     monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
     monkeypatch.setattr(store_module, "atomic_write", full)
     monkeypatch.setattr(store_module._compat, "save_artifact", full)
-    store_module._warned.clear()
+    vgc.log._warned.clear()
     torch.manual_seed(0)
     cfg = llama.tiny_config()
     model = llama.Llama(cfg)
@@ -352,7 +352,7 @@ def test_a_compile_error_that_is_not_about_the_disk_is_raised_unchanged(tmp_path
 
 
 def test_trust_refuses_a_writable_or_foreign_directory_unless_told_otherwise(tmp_path, monkeypatch):
-    from vgc.cache import entry
+    from vgc.cache import entry, layout
 
     own = tmp_path / "own"
     own.mkdir(mode=0o700)
@@ -363,10 +363,10 @@ def test_trust_refuses_a_writable_or_foreign_directory_unless_told_otherwise(tmp
     foreign.mkdir(mode=0o700)
     if os.getuid() == 0:   # only root can give a directory away
         os.chown(foreign, 12345, 12345)
-    assert entry.untrusted_reason(own) is None and entry.untrusted_reason(tmp_path / "absent") is None
-    assert entry.untrusted_reason(shared) == "is writable by its group (mode 775)"
+    assert layout.untrusted_reason(own) is None and layout.untrusted_reason(tmp_path / "absent") is None
+    assert layout.untrusted_reason(shared) == "is writable by its group (mode 775)"
     if os.getuid() == 0:
-        assert entry.untrusted_reason(foreign) == "is owned by uid 12345, not by this user (uid 0)"
+        assert layout.untrusted_reason(foreign) == "is owned by uid 12345, not by this user (uid 0)"
     monkeypatch.setenv("VGC_CACHE_TRUST", "any")
     assert entry._trust_problem([shared, foreign]) is None
     monkeypatch.setenv("VGC_CACHE_TRUST", "everyone")

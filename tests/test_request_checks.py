@@ -6,7 +6,8 @@ import torch
 import torch.nn as nn
 
 import vgc
-from vgc import envs, request_checks
+from vgc import envs
+from vgc.capture import request_checks
 from vgc.models import llama
 from conftest import FP32_TOL, hf_llama
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import vgc
 import vgc.backend
 from conftest import FP32_TOL, MLP
-from vgc.split import check_splitting_ops
+from vgc.piecewise.split import check_splitting_ops
 
 NO_SPLIT = "no splitting op of"
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import vgc
-from vgc.cache import inventory, saved_traces
+from vgc.cache import layout, saved_traces, verify
 from vgc.cli import main as vgc_main
 from vgc.models import llama
 from conftest import FP32_TOL
@@ -63,7 +63,7 @@ def run_worker(root, model_file=None):
 
 
 def trace_files(root):
-    return sorted(Path(root).glob(f"torch_compile_cache/*/rank_0_0/{saved_traces.PREFIX}*"))
+    return sorted(Path(root).glob(f"torch_compile_cache/*/rank_0_0/{layout.TRACE_PREFIX}*"))
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def test_cut_short_trace_warns_traces_again_and_is_correct(user_model, tmp_path,
     shutil.copytree(root, copy)
     (trace,) = trace_files(copy)
     trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
-    assert [path for path, _ in inventory.verify_root(copy)] == [trace]   # verify names it
+    assert [path for path, _ in verify.verify_root(copy)] == [trace]   # verify names it
     assert vgc_main(["cache", "--root", str(copy), "why-miss", "--entry", trace.parent.parent.name]) == 0
     assert "damaged" in capsys.readouterr().out
     result = run_worker(copy, model_file)
@@ -149,7 +149,7 @@ def test_cut_short_trace_warns_traces_again_and_is_correct(user_model, tmp_path,
     assert any("saved trace" in w and "unusable" in w for w in result["warnings"])
     assert result["max_diff"] < 1e-4
     assert saved_traces.problem(trace) is None   # rewritten whole by the trace
-    assert inventory.verify_root(copy) == []
+    assert verify.verify_root(copy) == []
     assert run_worker(copy, model_file)["trace_source"] == "saved"
 
 
@@ -287,7 +287,7 @@ def test_why_miss_verdict_matches_the_start_after_a_deployment_moves_cache_and_c
     shutil.copytree(root, copy)
     (trace,) = trace_files(copy)
     entry = trace.parent.parent
-    manifest_file = entry / "rank_0_0" / inventory.FACTORS_FILE
+    manifest_file = entry / "rank_0_0" / layout.FACTORS_FILE
     manifest = json.loads(manifest_file.read_text())
     built_at = f"/nonexistent-build-machine/app/{model_file.name}"
     manifest["source_paths"] = [built_at if p == str(model_file) else p for p in manifest["source_paths"]]

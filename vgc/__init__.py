@@ -7,7 +7,7 @@ from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesConfig, Dy
 from vgc.counters import counters  # noqa: E402
 from vgc.backend import CompileAfterWarmupError, VgcBackend, vgc_backend  # noqa: E402
 from vgc.api import CompiledModel, compile  # noqa: E402
-from vgc.guards import InputMismatchError  # noqa: E402
+from vgc.capture.paths import InputMismatchError  # noqa: E402
 from vgc.distributed import RankFailedError  # noqa: E402
 from vgc import _compat  # noqa: E402
 from vgc import log as _log  # noqa: E402

@@ -21,6 +21,8 @@ import torch
 import torch.fx as fx
 
 
+# ---- Signatures: which keyword a torch function takes in the installed version ------------------------------------
+
 @functools.cache
 def _accepts(fn: Callable, name: str) -> bool:
     try:
@@ -29,7 +31,7 @@ def _accepts(fn: Callable, name: str) -> bool:
         return False
 
 
-# ---- FX graphs ---------------------------------------------------------------------------------------------------
+# ---- FX graphs: splitting, Dynamo's node metadata, generated code -------------------------------------------------
 
 def split_module(gm: fx.GraphModule, partition: dict[fx.Node, int]) -> fx.GraphModule:
     """`gm` split into one submodule per partition id, in the original node order. Public, but its keywords
@@ -53,6 +55,75 @@ def graph_returns_tuple(gm: fx.GraphModule) -> bool:
 
     return _graph_returns_tuple(gm)
 
+
+def traced_value(node: fx.Node):
+    """The (fake) value Dynamo recorded for a node while tracing, or None (a graph not traced by Dynamo). Dynamo
+    keeps it under an undocumented metadata key."""
+    return node.meta.get("example_value")
+
+
+def set_traced_value(node: fx.Node, value) -> None:
+    """Record `value` as a node's traced value, for a node vgc adds to a Dynamo graph (see `traced_value`)."""
+    node.meta["example_value"] = value
+
+
+def generated_forward(module: torch.fx.GraphModule) -> Callable:
+    """The module's generated `forward`, bound. A lazily recompiled GraphModule's `forward` is a stub that
+    regenerates the code and then goes through `Module.__call__` on every call: generate it now instead."""
+    real_recompile = getattr(module, "real_recompile", None)   # torch.fx._lazy_graph_module._LazyGraphModule
+    if real_recompile is not None:
+        real_recompile()
+    return module.forward
+
+
+def placeholder_source_name(node: fx.Node) -> str:
+    """Where Dynamo read a graph input from, e.g. "L['self']._modules['lin']._parameters['weight']", or "" when
+    unknown. Dynamo keeps it in the placeholder's private `grapharg` metadata; a graph captured ahead of time has
+    none, and then the name is recovered from the placeholder's name, which Dynamo derives from the source: exactly
+    for the model's weights and buffers (the graph module maps them to their sources), and as `L['<name>']` for
+    an argument (a nested one, `L['kv'][0]`, reads `L['kv_0']`)."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    if source is not None:
+        return source_name(source)
+    if node.op != "placeholder":
+        return ""
+    state = _state_sources(node.graph.owning_module)
+    if node.name in state:
+        return state[node.name]
+    match = re.fullmatch(r"l_(\w+?)_", node.name)
+    return f"L['{match[1]}']" if match else ""
+
+
+def _placeholder_name(source: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9]+", "_", source).lower()
+
+
+def _state_sources(gm) -> dict[str, str]:
+    """Placeholder name -> source name (`L['self']._modules['lin']._parameters['weight']`) of every weight and
+    buffer of a Dynamo graph module, from its private `_param_name_to_source` (keyed `self.lin.weight`)."""
+    found = {}
+    for fqn in getattr(gm, "_param_name_to_source", None) or {}:
+        root, *modules, leaf = fqn.split(".")
+        path = f"L['{root}']" + "".join(f"._modules['{m}']" for m in modules)
+        for kind in ("_parameters", "_buffers"):
+            source = f"{path}.{kind}['{leaf}']"
+            found[_placeholder_name(source)] = source
+    return found
+
+
+_STACK_FILE = re.compile(r'File "([^"]+)", line \d+')
+
+
+def graph_code_files(gm: fx.GraphModule) -> set[str]:
+    """Every file named in the user stacks Dynamo recorded on the graph's nodes (private `stack_trace` meta): the
+    code that produced an operation, whether or not Python knows it as a module."""
+    files = set()
+    for node in gm.graph.nodes:
+        files.update(_STACK_FILE.findall(node.meta.get("stack_trace") or ""))
+    return files
+
+
+# ---- Operators: schemas, tags, custom ops' Python bodies, torch's attention kernels -------------------------------
 
 def qualified_name(target: Callable) -> str | None:
     """The dotted name FX gives a callable in generated code ("torch.nn.functional.relu"), or None for one it
@@ -91,18 +162,51 @@ def op_schemas(target) -> list[torch.FunctionSchema]:
     return [] if schema is None else [schema]
 
 
-def traced_value(node: fx.Node):
-    """The (fake) value Dynamo recorded for a node while tracing, or None (a graph not traced by Dynamo). Dynamo
-    keeps it under an undocumented metadata key."""
-    return node.meta.get("example_value")
+def op_tags(target) -> tuple[str, frozenset] | None:
+    """(name, tags) of an operator overload, or of an overload packet with the tags of all its overloads (any of
+    which a call may pick); None for anything else. The op classes live in the private `torch._ops`."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        overloads = [getattr(target, name) for name in target.overloads()]
+        return target._qualified_op_name, frozenset(tag for overload in overloads for tag in overload.tags)
+    if isinstance(target, torch._ops.OpOverload):
+        return target.name(), frozenset(target.tags)
+    return None
 
 
-def set_traced_value(node: fx.Node, value) -> None:
-    """Record `value` as a node's traced value, for a node vgc adds to a Dynamo graph (see `traced_value`)."""
-    node.meta["example_value"] = value
+def direct_kernel(target) -> Callable | None:
+    """The Python body of a `torch.library.custom_op`, when calling it directly equals dispatching to it.
+
+    Dispatching a Python custom op costs tens of microseconds of host time (schema and mutation bookkeeping);
+    the eager pieces between CUDA graphs pay it once per layer. Only ops with a single, device-generic kernel
+    and no dispatch-level overrides qualify.
+    """
+    from torch._library import custom_ops
+
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        target = getattr(target, "default", None)
+    schema = op_schema(target)
+    if schema is None:
+        return None
+    opdef = custom_ops.OPDEFS.get(schema.name)
+    if opdef is None or getattr(opdef, "_init_fn", None) is None:
+        return None
+    overrides = (getattr(opdef, "_torch_dispatch_fns", None), getattr(opdef, "_vmap_fn", None),
+                 getattr(opdef, "_autocast_dtype", None), getattr(opdef, "_disabled_kernel", None))
+    if set(getattr(opdef, "_backend_fns", {None: None})) != {None} or any(overrides):
+        return None
+    return opdef._init_fn
 
 
-# ---- symbolic sizes ----------------------------------------------------------------------------------------------
+def flash_varlen_attention() -> Callable | None:
+    """torch's flash varlen attention (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+# ---- Symbolic sizes: the shape environment's symbols, sources and guards ------------------------------------------
 
 def symbolic_expr(value: torch.SymInt) -> sympy.Expr:
     """The sympy expression behind a SymInt, in the ShapeEnv's canonical symbols: sizes Dynamo proved equal are
@@ -142,7 +246,64 @@ def shape_guards(fake_mode) -> list[tuple[sympy.Basic, str]]:
             for guard in shape_env.guards]
 
 
-# ---- Inductor ----------------------------------------------------------------------------------------------------
+def size_hint(value) -> int | None:
+    """A size's value in the trace, read without adding a guard; None for a size the trace has no value for
+    (unbacked)."""
+    if isinstance(value, torch.SymInt):
+        hint = getattr(value.node, "hint", None)
+        return None if hint is None else int(hint)
+    return int(value)
+
+
+def python_text(expr) -> str | None:
+    """A sympy expression of torch's shape functions (FloorDiv, PythonMod, ...) as Python source, by torch's own
+    printer (private); None where it cannot print it."""
+    try:
+        from torch.utils._sympy.printers import PythonPrinter
+
+        return PythonPrinter().doprint(expr)
+    except Exception:   # noqa: BLE001 - an older or newer torch: the caller falls back to sympy's own text
+        return None
+
+
+# ---- Fake tensors -------------------------------------------------------------------------------------------------
+
+def detect_fake_mode(inputs: list):
+    """The FakeTensorMode Dynamo traced `inputs` under, or None outside Dynamo (private `torch._guards`)."""
+    return torch._guards.detect_fake_mode(inputs)
+
+
+def is_fake(tensor: torch.Tensor) -> bool:
+    """A fake tensor (shapes only, no data), as Dynamo and Inductor trace with (private `torch._subclasses`)."""
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+
+    return _is_fake(tensor)
+
+
+@contextlib.contextmanager
+def fake_propagation(fake_mode):
+    """Run ops on `fake_mode`'s tensors as Dynamo propagates them: through the Python dispatcher (private
+    `torch._dispatch.python`), so composite ops decompose in Python on symbolic sizes, and adding no guard to
+    Dynamo's shape environment (private `ShapeEnv.suppress_guards`). For re-running a traced graph only to learn
+    its pieces' input shapes. Without the Python dispatcher, torch 2.11's C++ matmul on CUDA asks for concrete
+    sizes and pins the token count of transformers' rotary embedding; the trace already holds every guard it
+    needs."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    shape_env = getattr(fake_mode, "shape_env", None)
+    with fake_mode, enable_python_dispatcher(), \
+            (shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()):
+        yield
+
+
+def fake_inputs(fake_mode, inputs: list) -> list:
+    """`inputs` with every tensor replaced by a fake tensor of `fake_mode` (sizes stay symbolic; a fake of another
+    mode is re-made in this one)."""
+    return [x if isinstance(x, torch.Tensor) and getattr(x, "fake_mode", None) is fake_mode
+            else fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+# ---- Inductor: standalone compile, artifacts, configuration, custom passes, its in-memory caches ------------------
 
 def standalone_compile(gm: fx.GraphModule, example_inputs: list, *, dynamic_shapes: str,
                        config_patches: dict[str, Any]):
@@ -158,6 +319,11 @@ def load_artifact(path: str, fmt: str):
     from torch._inductor import CompiledArtifact
 
     return CompiledArtifact.load(path=path, format=fmt)
+
+
+def save_artifact(artifact, path: str, fmt: str) -> None:
+    """Save what `standalone_compile` returned (a private `torch._inductor` CompiledArtifact)."""
+    artifact.save(path=path, format=fmt)
 
 
 @functools.cache
@@ -204,6 +370,17 @@ def inductor_custom_passes() -> dict[str, Any]:
     return found
 
 
+def _custom_graph_pass_base() -> type:
+    from torch._inductor.custom_graph_pass import CustomGraphPass as base   # private module
+
+    return base
+
+
+# The base class of Inductor's custom graph passes: a pass in `post_grad_custom_post_pass` must be one (with a
+# `uuid()`) for Inductor to cache what it compiles.
+CustomGraphPass = _custom_graph_pass_base()
+
+
 def functorch_config_portable() -> dict[str, Any]:
     """AOTAutograd's current config, without process-specific entries, for cache keys (private config module)."""
     import torch._functorch.config as functorch_config
@@ -225,19 +402,20 @@ def cpu_vec_isa() -> str:
     return str(pick_vec_isa())
 
 
-# ---- Dynamo ------------------------------------------------------------------------------------------------------
+def wrap_cpu_isa_probe(wrap: Callable[[Callable], Callable]) -> bool:
+    """Replace Inductor's CPU vector-ISA load probe (`VecISA._probe_load(self, output_path) -> bool`: a
+    subprocess that `dlopen`s a test library, torch >= 2.13) by `wrap(probe)`; False where torch has no such
+    probe (before 2.13 it probes in-process) and nothing was replaced."""
+    from torch._inductor.cpu_vec_isa import VecISA
 
-def detect_fake_mode(inputs: list):
-    """The FakeTensorMode Dynamo traced `inputs` under, or None outside Dynamo (private `torch._guards`)."""
-    return torch._guards.detect_fake_mode(inputs)
+    probe = getattr(VecISA, "_probe_load", None)
+    if probe is None:
+        return False
+    VecISA._probe_load = wrap(probe)
+    return True
 
 
-def is_fake(tensor: torch.Tensor) -> bool:
-    """A fake tensor (shapes only, no data), as Dynamo and Inductor trace with (private `torch._subclasses`)."""
-    from torch._subclasses.fake_tensor import is_fake as _is_fake
-
-    return _is_fake(tensor)
-
+# ---- Dynamo: dynamic dims, guards, compile ids, errors, recompile limits, tracing context -------------------------
 
 def device_from_inputs(example_inputs) -> torch.device:
     """The device of a graph's first input that has one, else CPU (a graph of only Python numbers). Dynamo's
@@ -302,28 +480,13 @@ def register_bytecode_hook(hook):
     return torch._dynamo.convert_frame.register_bytecode_hook(hook)
 
 
-# ---- backend registration --------------------------------------------------------------------------------------
+def dynamo_compile_id() -> str | None:
+    """The id of the Dynamo compile in progress ("frame/recompile", e.g. "0/1"), or None outside one; the id
+    torch's own logs use. Read from the private `torch._guards.CompileContext`."""
+    from torch._guards import CompileContext
 
-def _entry_point_provides(name: str) -> bool:
-    from importlib.metadata import entry_points
-
-    try:
-        return name in entry_points(group="torch_dynamo_backends").names
-    except Exception:  # broken metadata must not break `import vgc`
-        return False
-
-
-def register_backend_by_name(name: str, backend: Callable) -> None:
-    """Make `torch.compile(backend=name)` work when vgc is importable but not installed.
-
-    Where vgc is installed, torch finds it through the `torch_dynamo_backends` entry point and registers it
-    itself; registering here too would make torch's lookup fail with "duplicate name".
-    """
-    from torch._dynamo.backends import registry
-
-    if name in registry._COMPILER_FNS or _entry_point_provides(name):
-        return
-    registry.register_backend(compiler_fn=backend, name=name)
+    compile_id = CompileContext.current_compile_id()
+    return None if compile_id is None else str(compile_id)
 
 
 @functools.cache
@@ -336,37 +499,6 @@ def _passthrough_type(cls: type) -> type:
     return type(cls.__name__, (cls, ShortenTraceback), {"__init__": __init__, "__module__": cls.__module__})
 
 
-def op_tags(target) -> tuple[str, frozenset] | None:
-    """(name, tags) of an operator overload, or of an overload packet with the tags of all its overloads (any of
-    which a call may pick); None for anything else. The op classes live in the private `torch._ops`."""
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        overloads = [getattr(target, name) for name in target.overloads()]
-        return target._qualified_op_name, frozenset(tag for overload in overloads for tag in overload.tags)
-    if isinstance(target, torch._ops.OpOverload):
-        return target.name(), frozenset(target.tags)
-    return None
-
-
-def _custom_graph_pass_base() -> type:
-    from torch._inductor.custom_graph_pass import CustomGraphPass as base   # private module
-
-    return base
-
-
-# The base class of Inductor's custom graph passes: a pass in `post_grad_custom_post_pass` must be one (with a
-# `uuid()`) for Inductor to cache what it compiles.
-CustomGraphPass = _custom_graph_pass_base()
-
-
-def dynamo_compile_id() -> str | None:
-    """The id of the Dynamo compile in progress ("frame/recompile", e.g. "0/1"), or None outside one; the id
-    torch's own logs use. Read from the private `torch._guards.CompileContext`."""
-    from torch._guards import CompileContext
-
-    compile_id = CompileContext.current_compile_id()
-    return None if compile_id is None else str(compile_id)
-
-
 def through_dynamo(exc: Exception) -> Exception:
     """An exception of the same type (a subclass) that Dynamo re-raises unwrapped from a backend.
 
@@ -376,41 +508,6 @@ def through_dynamo(exc: Exception) -> Exception:
     new = _passthrough_type(type(exc))(*exc.args)
     new.__cause__ = exc.__cause__
     return new
-
-
-def placeholder_source_name(node: fx.Node) -> str:
-    """Where Dynamo read a graph input from, e.g. "L['self']._modules['lin']._parameters['weight']", or "" when
-    unknown. Dynamo keeps it in the placeholder's private `grapharg` metadata; a graph captured ahead of time has
-    none, and then the name is recovered from the placeholder's name, which Dynamo derives from the source: exactly
-    for the model's weights and buffers (the graph module maps them to their sources), and as `L['<name>']` for
-    an argument (a nested one, `L['kv'][0]`, reads `L['kv_0']`)."""
-    source = getattr(node.meta.get("grapharg"), "source", None)
-    if source is not None:
-        return source_name(source)
-    if node.op != "placeholder":
-        return ""
-    state = _state_sources(node.graph.owning_module)
-    if node.name in state:
-        return state[node.name]
-    match = re.fullmatch(r"l_(\w+?)_", node.name)
-    return f"L['{match[1]}']" if match else ""
-
-
-def _placeholder_name(source: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9]+", "_", source).lower()
-
-
-def _state_sources(gm) -> dict[str, str]:
-    """Placeholder name -> source name (`L['self']._modules['lin']._parameters['weight']`) of every weight and
-    buffer of a Dynamo graph module, from its private `_param_name_to_source` (keyed `self.lin.weight`)."""
-    found = {}
-    for fqn in getattr(gm, "_param_name_to_source", None) or {}:
-        root, *modules, leaf = fqn.split(".")
-        path = f"L['{root}']" + "".join(f"._modules['{m}']" for m in modules)
-        for kind in ("_parameters", "_buffers"):
-            source = f"{path}.{kind}['{leaf}']"
-            found[_placeholder_name(source)] = source
-    return found
 
 
 def forget_size_history() -> None:
@@ -435,34 +532,6 @@ def allow_recompiles(limit: int) -> None:
             setattr(config, name, max(getattr(config, name), limit))
 
 
-@contextlib.contextmanager
-def fake_propagation(fake_mode):
-    """Run ops on `fake_mode`'s tensors as Dynamo propagates them: through the Python dispatcher (private
-    `torch._dispatch.python`), so composite ops decompose in Python on symbolic sizes, and adding no guard to
-    Dynamo's shape environment (private `ShapeEnv.suppress_guards`). For re-running a traced graph only to learn
-    its pieces' input shapes. Without the Python dispatcher, torch 2.11's C++ matmul on CUDA asks for concrete
-    sizes and pins the token count of transformers' rotary embedding; the trace already holds every guard it
-    needs."""
-    from torch._dispatch.python import enable_python_dispatcher
-
-    shape_env = getattr(fake_mode, "shape_env", None)
-    with fake_mode, enable_python_dispatcher(), \
-            (shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()):
-        yield
-
-
-def fake_inputs(fake_mode, inputs: list) -> list:
-    """`inputs` with every tensor replaced by a fake tensor of `fake_mode` (sizes stay symbolic; a fake of another
-    mode is re-made in this one)."""
-    return [x if isinstance(x, torch.Tensor) and getattr(x, "fake_mode", None) is fake_mode
-            else fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-def save_artifact(artifact, path: str, fmt: str) -> None:
-    """Save what `standalone_compile` returned (a private `torch._inductor` CompiledArtifact)."""
-    artifact.save(path=path, format=fmt)
-
-
 def source_name(source) -> str:
     """A Dynamo `Source`'s name, e.g. "L['input_ids'].size()[0]": a method in some torch versions, a property
     in others."""
@@ -470,74 +539,54 @@ def source_name(source) -> str:
     return str(name() if callable(name) else name)
 
 
-def tree_leaves(tree) -> list:
-    """The leaves of a nested structure of lists, tuples, dicts and registered classes, in torch's pytree order
-    (torch 2.11-2.13 have no public pytree module)."""
-    from torch.utils import _pytree
-
-    return _pytree.tree_leaves(tree)
+def tracing_context():
+    """The TracingContext a backend runs in, to compile inside it later (`within_tracing_context`)."""
+    return torch._guards.TracingContext.try_get()
 
 
-def tree_map(fn: Callable, tree):
-    """`tree` with every leaf replaced by `fn(leaf)`, in the order of `tree_leaves`."""
-    from torch.utils import _pytree
-
-    return _pytree.tree_map(fn, tree)
+def within_tracing_context(context):
+    return torch._guards.tracing(context) if context is not None else contextlib.nullcontext()
 
 
-def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA (the private
-    `torch._foreach_copy_`)."""
-    torch._foreach_copy_(targets, sources)
+_GUARD_ROOT = re.compile(r"[A-Za-z_]\w*")
 
 
-def generated_forward(module: torch.fx.GraphModule) -> Callable:
-    """The module's generated `forward`, bound. A lazily recompiled GraphModule's `forward` is a stub that
-    regenerates the code and then goes through `Module.__call__` on every call: generate it now instead."""
-    real_recompile = getattr(module, "real_recompile", None)   # torch.fx._lazy_graph_module._LazyGraphModule
-    if real_recompile is not None:
-        real_recompile()
-    return module.forward
+def model_state_guard_filter(argument_names: set[str]) -> Callable:
+    """A `guard_filter_fn` for a saved program: keep the serializable guards on the model's own state (its
+    attributes' values, hooks, global torch state) and on globals the trace read (a module constant), and drop
+    those on the call's arguments (vgc's input contract checks them) and on sizes. Types and the functions a
+    model holds are checked by vgc itself (`guards.ModelStructure`)."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    # Identity guards name objects of this process (a module, a function, a local class): they cannot be saved.
+    # Type and attribute-lookup guards are left out too: the source hash of the entry already pins the classes'
+    # code, and rebuilding a hundred type guards costs a warm start about a second. Weights' dtypes and shapes are
+    # checked by vgc (`guards.state_mismatch`), in a millisecond instead of Dynamo's tensor guards' 0.4 s.
+    unsupported = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())) | {
+        "SHAPE_ENV", "TYPE_MATCH", "NOT_PRESENT_IN_GENERIC_DICT", "DICT_NOT_CONTAINS", "TENSOR_MATCH"}
+
+    def keep(entries) -> list[bool]:
+        kept = []
+        for entry in entries:
+            root = _GUARD_ROOT.match(entry.name)
+            types = {entry.guard_type, *getattr(entry, "derived_guard_types", ())}
+            kept.append(not types & unsupported and not getattr(entry.orig_guard, "_unserializable", False)
+                        and (entry.is_global or root is None or root[0] not in argument_names))
+        return kept
+    return keep
 
 
-def direct_kernel(target) -> Callable | None:
-    """The Python body of a `torch.library.custom_op`, when calling it directly equals dispatching to it.
-
-    Dispatching a Python custom op costs tens of microseconds of host time (schema and mutation bookkeeping);
-    the eager pieces between CUDA graphs pay it once per layer. Only ops with a single, device-generic kernel
-    and no dispatch-level overrides qualify.
-    """
-    from torch._library import custom_ops
-
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        target = getattr(target, "default", None)
-    schema = op_schema(target)
-    if schema is None:
-        return None
-    opdef = custom_ops.OPDEFS.get(schema.name)
-    if opdef is None or getattr(opdef, "_init_fn", None) is None:
-        return None
-    overrides = (getattr(opdef, "_torch_dispatch_fns", None), getattr(opdef, "_vmap_fn", None),
-                 getattr(opdef, "_autocast_dtype", None), getattr(opdef, "_disabled_kernel", None))
-    if set(getattr(opdef, "_backend_fns", {None: None})) != {None} or any(overrides):
-        return None
-    return opdef._init_fn
+def has_module_hooks(model) -> bool:
+    """Forward hooks on `model` or any of its submodules, or global ones: a saved trace must not serve such a
+    model (a hook added after the save would be skipped; one on the top module is outside `forward`)."""
+    modules = torch.nn.modules.module
+    if not isinstance(model, torch.nn.Module):
+        return False
+    return bool(modules._global_forward_hooks or modules._global_forward_pre_hooks) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def flash_varlen_attention() -> Callable | None:
-    """torch's flash varlen attention (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10), or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
-# ---- Dynamo AOT precompile (a saved trace) -------------------------------------------------------------------------
-# `torch.compile(fn).aot_compile((args, kwargs))` captures a whole program (Dynamo's transformed bytecode, its
-# guards, the backend's result) without running it, and `torch.compiler.load_compiled_function` loads a saved one
-# in a new process without tracing. torch 2.11 hides it behind `enable_aot_compile` (default on from 2.12); the
-# backend's result must subclass `SerializableCallable` (private module).
+# ---- Dynamo AOT precompile (a saved trace) ------------------------------------------------------------------------
 
 def _serializable_callable_base() -> type | None:
     try:
@@ -625,27 +674,6 @@ def aot_bytecode(program) -> tuple[Any, Any]:
     return program._artifacts.original_code, program._artifacts.runtime_env.bytecode
 
 
-def tracing_context():
-    """The TracingContext a backend runs in, to compile inside it later (`within_tracing_context`)."""
-    return torch._guards.TracingContext.try_get()
-
-
-def within_tracing_context(context):
-    return torch._guards.tracing(context) if context is not None else contextlib.nullcontext()
-
-
-_STACK_FILE = re.compile(r'File "([^"]+)", line \d+')
-
-
-def graph_code_files(gm: fx.GraphModule) -> set[str]:
-    """Every file named in the user stacks Dynamo recorded on the graph's nodes (private `stack_trace` meta): the
-    code that produced an operation, whether or not Python knows it as a module."""
-    files = set()
-    for node in gm.graph.nodes:
-        files.update(_STACK_FILE.findall(node.meta.get("stack_trace") or ""))
-    return files
-
-
 def aot_signature(program) -> inspect.Signature:
     """The signature a captured program is called with."""
     return program._artifacts.signature
@@ -656,84 +684,54 @@ def aot_backend_result(program):
     return program._artifacts.compiled_fn
 
 
-_GUARD_ROOT = re.compile(r"[A-Za-z_]\w*")
+# ---- Backend registration -----------------------------------------------------------------------------------------
 
+def _entry_point_provides(name: str) -> bool:
+    from importlib.metadata import entry_points
 
-def model_state_guard_filter(argument_names: set[str]) -> Callable:
-    """A `guard_filter_fn` for a saved program: keep the serializable guards on the model's own state (its
-    attributes' values, hooks, global torch state) and on globals the trace read (a module constant), and drop
-    those on the call's arguments (vgc's input contract checks them) and on sizes. Types and the functions a
-    model holds are checked by vgc itself (`guards.ModelStructure`)."""
-    from torch._dynamo.guards import CheckFunctionManager
-
-    # Identity guards name objects of this process (a module, a function, a local class): they cannot be saved.
-    # Type and attribute-lookup guards are left out too: the source hash of the entry already pins the classes'
-    # code, and rebuilding a hundred type guards costs a warm start about a second. Weights' dtypes and shapes are
-    # checked by vgc (`guards.state_mismatch`), in a millisecond instead of Dynamo's tensor guards' 0.4 s.
-    unsupported = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())) | {
-        "SHAPE_ENV", "TYPE_MATCH", "NOT_PRESENT_IN_GENERIC_DICT", "DICT_NOT_CONTAINS", "TENSOR_MATCH"}
-
-    def keep(entries) -> list[bool]:
-        kept = []
-        for entry in entries:
-            root = _GUARD_ROOT.match(entry.name)
-            types = {entry.guard_type, *getattr(entry, "derived_guard_types", ())}
-            kept.append(not types & unsupported and not getattr(entry.orig_guard, "_unserializable", False)
-                        and (entry.is_global or root is None or root[0] not in argument_names))
-        return kept
-    return keep
-
-
-def has_module_hooks(model) -> bool:
-    """Forward hooks on `model` or any of its submodules, or global ones: a saved trace must not serve such a
-    model (a hook added after the save would be skipped; one on the top module is outside `forward`)."""
-    modules = torch.nn.modules.module
-    if not isinstance(model, torch.nn.Module):
-        return False
-    return bool(modules._global_forward_hooks or modules._global_forward_pre_hooks) or any(
-        m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-
-
-# ---- Inductor's CPU ISA probe ---------------------------------------------------------------------------------------
-
-@functools.cache
-def remember_cpu_isa_probes() -> None:
-    """Every process that compiles or loads CPU kernels runs Inductor's vector-ISA probe: a subprocess per ISA
-    that `dlopen`s a test library (about 1.5 s in all, most of a warm start on CPU). Its answer depends only on
-    that library and this machine, so a success is recorded beside the library, under a fingerprint of the CPU
-    and torch, and the next process skips the subprocess. A library copied to another machine never matches."""
-    import hashlib
-    import os
-    import platform
-
-    from torch._inductor.cpu_vec_isa import VecISA
-
-    probe = getattr(VecISA, "_probe_load", None)
-    if probe is None:   # torch before 2.13 probes in-process
-        return
     try:
-        with open("/proc/cpuinfo") as f:
-            cpu = sorted({line for line in f if line.startswith(("flags", "model name", "Features"))})
-    except OSError:
-        return   # no fingerprint, no memory: Inductor probes as usual
-    fingerprint = hashlib.sha256(repr((cpu, platform.machine(), torch.__version__, sys.executable)).encode())
-    marker_suffix = f".vgc-loads-{fingerprint.hexdigest()[:16]}"
+        return name in entry_points(group="torch_dynamo_backends").names
+    except Exception:  # broken metadata must not break `import vgc`
+        return False
 
-    def probe_load(self, output_path: str) -> bool:
-        marker = output_path + marker_suffix
-        if os.path.isfile(output_path) and os.path.isfile(marker):
-            return True
-        loaded = probe(self, output_path)
-        if loaded:
-            try:
-                with open(marker, "w") as f:
-                    f.write("dlopen ok\n")
-            except OSError:
-                pass   # an unwritable cache only costs the next process the probe
-        return loaded
 
-    VecISA._probe_load = probe_load
+def register_backend_by_name(name: str, backend: Callable) -> None:
+    """Make `torch.compile(backend=name)` work when vgc is importable but not installed.
 
+    Where vgc is installed, torch finds it through the `torch_dynamo_backends` entry point and registers it
+    itself; registering here too would make torch's lookup fail with "duplicate name".
+    """
+    from torch._dynamo.backends import registry
+
+    if name in registry._COMPILER_FNS or _entry_point_provides(name):
+        return
+    registry.register_backend(compiler_fn=backend, name=name)
+
+
+# ---- pytrees and multi-tensor copies ------------------------------------------------------------------------------
+
+def tree_leaves(tree) -> list:
+    """The leaves of a nested structure of lists, tuples, dicts and registered classes, in torch's pytree order
+    (torch 2.11-2.13 have no public pytree module)."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_leaves(tree)
+
+
+def tree_map(fn: Callable, tree):
+    """`tree` with every leaf replaced by `fn(leaf)`, in the order of `tree_leaves`."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_map(fn, tree)
+
+
+def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA (the private
+    `torch._foreach_copy_`)."""
+    torch._foreach_copy_(targets, sources)
+
+
+# ---- torch.distributed --------------------------------------------------------------------------------------------
 
 def default_store():
     """The key-value store `torch.distributed.init_process_group` made, or None (no group, or a torch without
@@ -747,24 +745,3 @@ def default_store():
         return getter()
     except (RuntimeError, ValueError):
         return None
-
-
-def size_hint(value) -> int | None:
-    """A size's value in the trace, read without adding a guard; None for a size the trace has no value for
-    (unbacked)."""
-    if isinstance(value, torch.SymInt):
-        hint = getattr(value.node, "hint", None)
-        return None if hint is None else int(hint)
-    return int(value)
-
-
-def python_text(expr) -> str | None:
-    """A sympy expression of torch's shape functions (FloorDiv, PythonMod, ...) as Python source, by torch's own
-    printer (private); None where it cannot print it."""
-    try:
-        from torch.utils._sympy.printers import PythonPrinter
-
-        return PythonPrinter().doprint(expr)
-    except Exception:   # noqa: BLE001 - an older or newer torch: the caller falls back to sympy's own text
-        return None
-

@@ -17,15 +17,16 @@ from typing import Any, Callable
 
 import torch
 
-from vgc import _compat, compile_ranges
+from vgc import _compat
+from vgc.capture import compile_ranges
 from vgc.backend import VgcBackend
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
-from vgc.contract import (DimSpec, InputContract, argument_specs, check_dynamic_arg_dims, dynamic_dims,
-                          mark_dynamic_dims, padded_dims)
+from vgc.capture.contract import (DimSpec, InputContract, argument_specs, check_dynamic_arg_dims, dynamic_dims,
+                                  mark_dynamic_dims, padded_dims)
 from vgc.counters import counters
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.distributed import RankFailedError, StartCheckIn
-from vgc.guards import InputMismatchError, argument_tensors
+from vgc.capture.paths import InputMismatchError, argument_tensors
 from vgc.trace_session import TraceSession
 
 logger = logging.getLogger("vgc")
@@ -196,7 +197,7 @@ class CompiledModel:
         tensor, or any other value) for a dynamic size `n`;
         `make_decode_inputs(n)`, when given, makes the uniform decode batches FULL graphs are captured with.
         With `compile_ranges_max_size`, sizes 2 to it are covered by a trace per range of the model's size
-        conditions (`vgc.compile_ranges`), each range capturing the capture sizes inside it.
+        conditions (`vgc.capture.compile_ranges`), each range capturing the capture sizes inside it.
         """
         if self.warmed_up:
             return self.stats()
@@ -223,7 +224,7 @@ class CompiledModel:
 
     def _trace_ranges(self, make_inputs: Callable[[int], Any], size: int) -> None:
         """Compile ranges: trace again past each end of the sizes this trace serves, until 2 to
-        `compile_ranges_max_size` are covered (`vgc.compile_ranges`)."""
+        `compile_ranges_max_size` are covered (`vgc.capture.compile_ranges`)."""
         high = self.config.compile_ranges_max_size
 
         def accepts(model: CompiledModel, n: int) -> bool:

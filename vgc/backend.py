@@ -11,12 +11,13 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from vgc import _compat, aliasing, log, request_checks
+from vgc import _compat, aliasing, log
+from vgc.capture import request_checks
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
 from vgc.cache.keys import traced_source_files
 from vgc.cache.store import Fetched
-from vgc.compiler import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
+from vgc.piecewise.inductor import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
 from vgc.config import DEFAULT_SPLITTING_OPS, CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
 from vgc.cudagraph.dropin import DropInGraphs, GraphInputs, full_graph_blocker
@@ -24,15 +25,16 @@ from vgc.aliasing import mutated_inputs
 from vgc.cudagraph.piece import CUDAGraphPiece
 from vgc.cudagraph.runtime import GraphRuntime
 from vgc.distributed import RankFailedError
-from vgc.graph_plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
-from vgc.guards import StateTensor, snapshot_shape_guards
+from vgc.piecewise.plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
+from vgc.capture.model_state import StateTensor
+from vgc.capture.size_guards import snapshot_shape_guards
 from vgc.ops.attention import lengths_read_once
 from vgc.ops.collectives import collective_calls
 from vgc.passes.manager import pass_manager
 from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
-from vgc.piecewise import CompiledPiece
-from vgc.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, eager_attention_count, is_model_state,
-                       lay_out_eager_results, sdpa_reads_a_kv_cache, split_graph)
+from vgc.piecewise.compiled_piece import CompiledPiece
+from vgc.piecewise.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, eager_attention_count,
+                                 is_model_state, lay_out_eager_results, sdpa_reads_a_kv_cache, split_graph)
 
 logger = logging.getLogger("vgc")
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from vgc import _compat
+from vgc.passes import BUILTIN_PASSES
+from vgc.passes.manager import pass_manager, user_identity
 
 
 class CUDAGraphMode(enum.Enum):
@@ -146,8 +148,6 @@ def _inductor_options(value: Any, name: str) -> dict[str, Any]:
 
 def _pass_config(value: Any, name: str) -> dict[str, bool]:
     """Switches of vgc's built-in graph passes, by name; resolved to every pass's setting (defaults filled in)."""
-    from vgc.passes import BUILTIN_PASSES
-
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict of pass name -> True/False, got {type(value).__name__}")
     unknown = sorted(set(value) - set(BUILTIN_PASSES))
@@ -159,8 +159,6 @@ def _pass_config(value: Any, name: str) -> dict[str, bool]:
 
 
 def _inductor_passes(value: Any, name: str) -> dict[str, Any]:
-    from vgc.passes.manager import user_identity
-
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict of name -> pass (a torch CustomGraphPass, or a callable with a "
                          f"uuid() method), got {type(value).__name__}")
@@ -285,8 +283,6 @@ class CompilationConfig:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             setattr(self, f.name, _spec(f).check(getattr(self, f.name), f.name))
-        from vgc.passes.manager import pass_manager
-
         if "post_grad_custom_post_pass" in self.inductor_compile_config and (
                 self.inductor_passes or pass_manager(self.pass_config, {}) is not None):
             raise ValueError("inductor_compile_config['post_grad_custom_post_pass'] is where vgc runs its graph "

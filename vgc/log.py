@@ -82,3 +82,13 @@ def progress(total: int, desc: str, *, unit: str):
         if ticker.is_alive():
             ticker.join()
         bar.close()
+
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, *args) -> None:
+    """One warning per problem per process: a damaged file is reported once, not at every piece."""
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)

@@ -23,10 +23,12 @@ from vgc import _compat
 from vgc.cache import debug_files, saved_traces
 from vgc.cache.entry import open_root, open_store
 from vgc.cache.keys import module_source_files, user_source_files
-from vgc.cache.store import NoStore, warn_once
-from vgc.contract import InputContract
-from vgc.graph_plan import SavedGraph
-from vgc.guards import InputMismatchError, model_structure, state_mismatch
+from vgc.cache.store import NoStore
+from vgc.log import warn_once
+from vgc.capture.contract import InputContract
+from vgc.piecewise.plan import SavedGraph
+from vgc.capture.paths import InputMismatchError
+from vgc.capture.model_state import model_structure, state_mismatch
 
 logger = logging.getLogger("vgc")
 

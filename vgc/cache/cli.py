@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from vgc import envs
-from vgc.cache import inventory, saved_traces
+from vgc.config import CompilationConfig
+from vgc.cache import inventory, layout, saved_traces, verify
 from vgc.cache.keys import cache_key, diff_factors, environment_factors, source_factors
 
 _LS_WIDTH = 120   # the differences line of `ls` stops adding factors here
@@ -127,7 +128,7 @@ def _differences_line(varying: dict[str, Any]) -> str:
 def _ls(root: Path) -> int:
     found = inventory.entries(root)
     if not found:
-        print(f"no cache entries under {root / inventory.CACHE_SUBDIR}")
+        print(f"no cache entries under {root / layout.CACHE_SUBDIR}")
         return 0
     varying = inventory.distinguishing_factors(found)
     print(f"{'hash':22s} {'size':>10s} {'age':>5s}  {'torch':14s} {'config':8s}  model sources")
@@ -141,7 +142,7 @@ def _ls(root: Path) -> int:
         print(f"{entry.hash:22s} {_mib(entry.size_bytes()):>10s} {_age(now - entry.last_used()):>5s}  "
               f"{torch_version:14s} {config:8s}  {sources}")
         if entry.hash not in varying:
-            print(f"    no readable {inventory.FACTORS_FILE}: not written yet, or damaged")
+            print(f"    no readable {layout.FACTORS_FILE}: not written yet, or damaged")
         elif varying[entry.hash]:
             print(_differences_line(varying[entry.hash]))
     return 0
@@ -164,8 +165,8 @@ def _show(root: Path, prefix: str) -> int:
 
 def _verify(root: Path) -> int:
     try:
-        report = inventory.check_root(root)
-    except inventory.CannotVerify:
+        report = verify.check_root(root)
+    except verify.CannotVerify:
         raise   # a one-line error with status 2, from run()
     except Exception as e:  # verify's own failure must read "cannot check" (2), never "bad" (1)
         print(f"vgc cache verify: cannot check {root}: {type(e).__name__}: {e}")
@@ -246,8 +247,6 @@ def _current_sources(manifest: dict, roots: _SourceRoots) -> tuple[list[list[str
 
 
 def _config_from_options(text: str) -> dict[str, Any]:
-    from vgc.config import CompilationConfig
-
     try:
         options = json.loads(text)
     except ValueError as e:
@@ -264,7 +263,7 @@ def _config_from_options(text: str) -> dict[str, Any]:
 def _stored_manifest(entry: inventory.Entry) -> dict[str, Any]:
     manifest = entry.manifest()
     if not manifest or "config" not in manifest.get("factors", {}):
-        raise ValueError(f"entry {entry.hash} has no readable {inventory.FACTORS_FILE}; pass its config with "
+        raise ValueError(f"entry {entry.hash} has no readable {layout.FACTORS_FILE}; pass its config with "
                          "--options")
     return manifest
 
@@ -294,7 +293,7 @@ def _why_miss(root: Path, args) -> int:
         candidates = [named]
         device = args.device or stored.get("environment", {}).get("device_type", "cpu")
     if not candidates:
-        print(f"no cache entries under {root / inventory.CACHE_SUBDIR}: every compile is a miss")
+        print(f"no cache entries under {root / layout.CACHE_SUBDIR}: every compile is a miss")
         return 1
     env = _environment(device)
     directories = [Path(d).expanduser() for d in args.sources or []]

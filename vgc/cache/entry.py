@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from pathlib import Path
 
-from vgc import _compat, envs
-from vgc.cache.inventory import CACHE_SUBDIR, closest_entry
+from vgc import envs
+from vgc.cache.cpu_isa import remember_cpu_isa_probes
+from vgc.cache.inventory import closest_entry
+from vgc.cache.layout import CACHE_SUBDIR, NOT_A_DIRECTORY, make_private_dirs, untrusted_reason
 from vgc.cache.keys import cache_key, environment_factors, source_factors
 from vgc.cache import recovery
 from vgc.cache.recovery import INDUCTOR_SUBDIR
-from vgc.cache.store import ArtifactStore, NoStore, make_private_dirs, warn_once
+from vgc.cache.store import ArtifactStore, NoStore
 from vgc.config import CompilationConfig
 from vgc.distributed import rank_and_size
+from vgc.log import warn_once
 
 logger = logging.getLogger("vgc")
 
@@ -54,32 +56,10 @@ def _root_source(config: CompilationConfig) -> str:
     return f"the default cache root {str(envs.cache_root())!r} (set VGC_CACHE_ROOT to choose another)"
 
 
-NOT_A_DIRECTORY = "is not a directory"
-
-
 def _fix(reason: str, trust_fix: str) -> str:
     """A file where a cache directory belongs is not a trust question: no trust setting can help."""
     return "point the cache root (VGC_CACHE_ROOT or cache_dir) at a directory" if reason == NOT_A_DIRECTORY \
         else trust_fix
-
-
-def untrusted_reason(path: Path) -> str | None:
-    """Why a cache directory must not be loaded from: another user's, or writable by others (anyone who can
-    write there can plant code that a start runs). None when it is the caller's own, private directory."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"cannot be inspected ({e.strerror})"
-    if not stat.S_ISDIR(info.st_mode):
-        return NOT_A_DIRECTORY
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        return f"is owned by uid {info.st_uid}, not by this user (uid {os.getuid()})"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by {'others' if info.st_mode & stat.S_IWOTH else 'its group'} " \
-               f"(mode {stat.S_IMODE(info.st_mode):o})"
-    return None
 
 
 def _trust_problem(paths: list[Path]) -> tuple[Path, str] | None:
@@ -129,7 +109,7 @@ def open_root(config: CompilationConfig) -> Path | NoStore:
     try:
         # first: computing the key already probes the CPU ISA into Inductor's cache
         kernel_root = _use_inductor_cache_under(root)
-        _compat.remember_cpu_isa_probes()
+        remember_cpu_isa_probes()
         if kernel_root is not None and kernel_root not in _prepared_roots:
             # a kernel half-written by a killed compile fails every later start; once per process is enough
             recovery.remove_damaged_kernels(kernel_root)

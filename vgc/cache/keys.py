@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import torch
 
 from vgc import _compat
+from vgc._version import __version__
 from vgc.distributed import rank_and_size
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -57,8 +58,6 @@ def vgc_source_digest() -> str:
 
 def environment_factors(device_type: str) -> dict[str, Any]:
     """Versions and compiler settings that change generated code."""
-    from vgc import __version__
-
     inductor = _compat.inductor_config_portable()
     functorch = _compat.functorch_config_portable()
     return {

@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from vgc import _compat
+
 logger = logging.getLogger("vgc")
 
 INDUCTOR_SUBDIR = "inductor_cache"
@@ -116,8 +118,6 @@ def move_kernel_cache_off(root: Path, why: str) -> str:
 
 
 def _clear_inductor_memory() -> None:
-    from vgc import _compat   # imports torch: only when there is something to clear
-
     _compat.clear_inductor_memory_caches()   # in-memory caches hold modules and paths of the files on disk
 
 

@@ -20,15 +20,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vgc.cache.entry import entry_key, rank_dir_name, untrusted_entry
-from vgc.cache.inventory import CACHE_SUBDIR
+from vgc.cache.layout import CACHE_SUBDIR, FACTORS_FILE, atomic_write, trace_file_name
 from vgc.cache.keys import module_source_files
-from vgc.cache.store import FACTORS_FILE, atomic_write
 from vgc.config import CompilationConfig
 
 logger = logging.getLogger("vgc")
 
 MAGIC = b"vgc saved trace 1\n"
-PREFIX, SUFFIX = "trace-", ".bin"
 
 
 class DamagedTrace(ValueError):
@@ -110,10 +108,6 @@ def closure_identity(function, depth: int = 0) -> tuple:
     return tuple(out)
 
 
-def file_name(trace_identity: str) -> str:
-    return f"{PREFIX}{trace_identity}{SUFFIX}"
-
-
 @dataclass
 class Found:
     path: Path                 # the trace file
@@ -130,7 +124,7 @@ def find(root: Path, config: CompilationConfig, device_type: str, trace_identity
     reasons = []
     rank = rank_dir_name()
     try:
-        candidates = sorted((root / CACHE_SUBDIR).glob(f"*/{rank}/{file_name(trace_identity)}"),
+        candidates = sorted((root / CACHE_SUBDIR).glob(f"*/{rank}/{trace_file_name(trace_identity)}"),
                             key=_modified, reverse=True)
     except OSError as e:
         return None, [f"cannot list {root / CACHE_SUBDIR} ({e.strerror or e})"]
@@ -220,6 +214,6 @@ def problem(path: Path) -> str | None:
 
 
 def save(directory: Path, trace_identity: str, program: bytes) -> Path:
-    path = directory / file_name(trace_identity)
+    path = directory / trace_file_name(trace_identity)
     atomic_write(path, MAGIC + hashlib.sha256(program).hexdigest().encode() + b"\n" + program)
     return path

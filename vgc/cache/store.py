@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,56 +21,13 @@ from filelock import FileLock
 
 from vgc import _compat
 from vgc.cache import recovery
+from vgc.cache.layout import ARTIFACT_DIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR, atomic_write, make_private_dirs
+from vgc.log import warn_once
 
 logger = logging.getLogger("vgc")
 
-INDEX_FILE = "index.json"
-FACTORS_FILE = "cache_key_factors.json"
-ARTIFACT_DIR = "artifacts"
-
-
-def make_private_dirs(path: Path) -> None:
-    """Create `path` and its missing parents readable by the owner only."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for p in reversed(missing):
-        try:
-            p.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all. A directory standing at `path` (vgc's own file names only) is removed
-    first: os.replace cannot put a file over it, and it would fail every later write the same way."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 # Errors that say the disk or the directory cannot take a write: the process goes on without saving.
 _UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
-_warned: set[str] = set()
-
-
-def warn_once(key: str, message: str, *args) -> None:
-    """One warning per problem per process: a damaged file is reported once, not at every piece."""
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(message, *args)
-
-
 def _describe(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return f"{error.strerror}" + (f": {error.filename}" if error.filename else "")
@@ -146,13 +102,13 @@ class ArtifactStore:
         if create:
             self._repair_layout()
             make_private_dirs(self.directory / ARTIFACT_DIR)
-            make_private_dirs(self.directory / "locks")
+            make_private_dirs(self.directory / LOCK_DIR)
 
     def _repair_layout(self) -> None:
         """Remove what stands where vgc's own directories and lock files go (a file where `locks/` goes, a looping
         symlink, a directory where a lock file goes): left there, they would fail every later start the same way."""
-        suspects = [self.directory / ARTIFACT_DIR, self.directory / "locks"]
-        locks = self.directory / "locks"
+        suspects = [self.directory / ARTIFACT_DIR, self.directory / LOCK_DIR]
+        locks = self.directory / LOCK_DIR
         if locks.is_dir() and not locks.is_symlink():
             suspects += [p for p in locks.iterdir() if p.is_symlink() or not p.is_file()]
         for path in suspects:
@@ -186,7 +142,7 @@ class ArtifactStore:
 
     # ---- index ----
     def _index_lock(self) -> FileLock:
-        return FileLock(str(self.directory / "locks" / "index.lock"))
+        return FileLock(str(self.directory / LOCK_DIR / "index.lock"))
 
     def read_index(self) -> dict[str, Any]:
         """The index's well-formed records; anything unreadable or malformed is left out, with one warning."""
@@ -224,7 +180,7 @@ class ArtifactStore:
     # ---- artifacts ----
     def artifact_lock(self, name: str) -> FileLock:
         """Held while one process compiles `name`, so that others wait and then load instead of compiling."""
-        return FileLock(str(self.directory / "locks" / f"{name}.lock"))
+        return FileLock(str(self.directory / LOCK_DIR / f"{name}.lock"))
 
     def artifact_path(self, name: str) -> Path:
         suffix = ".bin" if self.format == "binary" else ""

@@ -18,7 +18,7 @@ from vgc.counters import counters
 from vgc.cudagraph.padding import StaticInputs, output_tensors, padded_size, slice_outputs
 from vgc import cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import GraphRuntime, ReplaySampler, bypass_piece_graphs, check_replay, frozen_gc
-from vgc.guards import InputMismatchError, argument_tensors, render_path
+from vgc.capture.paths import InputMismatchError, argument_tensors, render_path
 
 logger = logging.getLogger("vgc")
 

@@ -10,7 +10,7 @@ import torch
 from vgc.counters import counters
 from vgc import cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import GraphRuntime, capture_failure, piece_graphs_bypassed
-from vgc.piecewise import CompiledPiece
+from vgc.piecewise.compiled_piece import CompiledPiece
 
 logger = logging.getLogger("vgc")
 

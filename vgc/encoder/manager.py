@@ -21,10 +21,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from vgc import cuda_runtime   # module attribute access: tests substitute capture()
 from vgc import log
+from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
-from vgc import cuda_runtime   # module attribute access: tests substitute capture()
 from vgc.cudagraph.runtime import frozen_gc
 from vgc.encoder import data_parallel
 from vgc.encoder.pack import PathBudgets, SubBatch, budget_levels, pack
@@ -251,8 +252,6 @@ class EncoderCudaGraphManager:
         """The path's forward compiled by `vgc.compile`, its buffers passed as top-level tensor arguments named by
         their keys (the form vgc's decoders use: each dynamic dim marked on an argument of its own), taking and
         returning what the plain forward does."""
-        from vgc.api import CompiledModel   # vgc.api imports the backend; the encoder package stays light
-
         if not all(key.isidentifier() for key in keys):
             raise ValueError(f"encoder buffer keys must be Python identifiers to be compiled, got {list(keys)}")
         model = self.model

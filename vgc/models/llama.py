@@ -24,7 +24,8 @@ import math
 import torch
 from torch import nn
 
-from .. import ops as _ops  # noqa: F401  (registers torch.ops.vgc.attention)
+from vgc import ops as _ops  # noqa: F401  (registers torch.ops.vgc.attention)
+from vgc.ops.collectives import register_group
 
 __all__ = ["LlamaConfig", "Llama", "tiny_config", "llama_1b_config", "llama_8b_config",
            "make_kv_caches", "make_batch", "PAD_VALUES", "is_uniform_decode"]
@@ -201,8 +202,6 @@ class Llama(nn.Module):
         self.cfg = cfg
         group_name = None
         if cfg.tp_size > 1 or tp_group is not None:
-            from ..ops.collectives import register_group
-
             group_name = register_group(tp_group)
             size = (tp_group.size() if tp_group is not None
                     else torch.distributed.get_world_size())

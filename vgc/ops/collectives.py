@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from vgc import _compat
 from vgc.distributed import initialized
 
 __all__ = ["all_reduce", "register_group", "group_named"]
@@ -64,8 +65,6 @@ _COLLECTIVE_NAMESPACES = ("_c10d_functional::", "c10d_functional::", "c10d::")
 
 def collective_calls(gm: "torch.fx.GraphModule") -> int:
     """How many calls in `gm` are collectives: a model that makes any needs every rank to run it together."""
-    from vgc import _compat
-
     count = 0
     for node in gm.graph.nodes:
         if node.op != "call_function":

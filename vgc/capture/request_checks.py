@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from vgc import _compat, envs
 from vgc import cuda_runtime  # module attribute: tests substitute it
 from vgc.aliasing import mutated_inputs
-from vgc.guards import resolve_source
+from vgc.capture.paths import resolve_source
 
 # Embedding lookups as Dynamo (or a hand-made aten graph) records them, and where their indices are.
 _INDEX_FIRST = {F.embedding}   # F.embedding(input, weight, ...)

@@ -15,8 +15,9 @@ from typing import Any
 
 from vgc import _compat
 from vgc.config import DynamicShapesType
-from vgc.guards import (InputMismatchError, SizeGuard, SizeLocation, TensorSpec, argument_tensors,
-                        build_size_guards, describe, follow, render_path, spec_of)
+from vgc.capture.paths import InputMismatchError, SizeLocation, argument_tensors, describe, follow, render_path
+from vgc.capture.size_guards import SizeGuard, build_size_guards
+from vgc.capture.specs import TensorSpec, spec_of
 
 logger = logging.getLogger("vgc")
 

@@ -16,8 +16,8 @@ import torch
 import torch.fx as fx
 
 from vgc import _compat
-from vgc.compiler import SizeSource
-from vgc.split import Piece
+from vgc.piecewise.inductor import SizeSource
+from vgc.piecewise.split import Piece
 
 
 class MissingArtifact(LookupError):

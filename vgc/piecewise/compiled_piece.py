@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vgc.compiler import SizeSource
+from vgc.piecewise.inductor import SizeSource
 from vgc.counters import counters
 
 

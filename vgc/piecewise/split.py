@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from vgc import _compat, aliasing
+from vgc import ops as _ops  # noqa: F401  (registers vgc::attention, the default splitting op)
 
 logger = logging.getLogger("vgc")
 
@@ -78,8 +79,6 @@ def check_splitting_ops(splitting_ops: list[str], gm: fx.GraphModule) -> None:
     """Raise `ValueError` for a splitting op torch does not know: it could never match, and the graph would run
     as one piece without a word. Checked when a graph is compiled, not when the config is built, because a
     custom op's module may be imported in between."""
-    if any(op.startswith("vgc::") for op in splitting_ops):
-        import vgc.ops  # noqa: F401  (registers vgc::attention; `import vgc` does not load the kernels)
     for op in splitting_ops:
         if _resolve(op) is not None:
             continue
