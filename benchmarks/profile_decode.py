@@ -17,7 +17,7 @@ import time
 import torch
 
 import vgc
-from vgc.bench.decode import time_steps
+from vgc.bench.timing import time_steps
 from vgc.models import llama
 
 VARIANTS = {

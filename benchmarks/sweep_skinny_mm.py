@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from vgc.bench.decode import copy_bandwidth_gbs
+from vgc.bench.timing import copy_bandwidth_gbs
 from vgc.ops.triton_skinny_mm import Tile, choose_tile, skinny_mm_into
 
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}   # (N, K)

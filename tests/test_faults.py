@@ -384,7 +384,7 @@ def test_a_cache_root_that_is_a_file_names_the_fix_that_helps(tmp_path, monkeypa
     afile = tmp_path / "not-a-dir"
     afile.write_text("x")
     with caplog.at_level(logging.WARNING, logger="vgc"):
-        assert isinstance(entry.open_root(vgc.CompilationConfig(cache_dir=str(afile))), entry.NoStore)
+        assert entry.open_root(vgc.CompilationConfig(cache_dir=str(afile))) is None
     (message,) = [r.getMessage() for r in caplog.records if "compile cache off" in r.getMessage()]
     assert f"{afile} is not a directory" in message and "point the cache root" in message
     assert "VGC_CACHE_TRUST" not in message

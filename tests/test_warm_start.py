@@ -111,7 +111,7 @@ HF_MODEL_SOURCE = textwrap.dedent('''
 
 def test_an_unmodified_transformers_model_loads_its_saved_trace_in_the_next_process(tmp_path):
     """Its forward is a decorator's wrapper, which torch cannot save by name: the trace goes through
-    `trace_session.call_forward`, and the module the output's class comes from is recorded as an import."""
+    `trace_once.call_forward`, and the module the output's class comes from is recorded as an import."""
     pytest.importorskip("transformers")
     model_file = tmp_path / "hf_model.py"
     model_file.write_text(HF_MODEL_SOURCE)

@@ -5,7 +5,8 @@ from vgc._version import __version__
 from vgc import envs  # noqa: E402,F401  (first: it records the user's settings before torch changes any)
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesConfig, DynamicShapesType  # noqa: E402
 from vgc.counters import counters  # noqa: E402
-from vgc.backend import CompileAfterWarmupError, VgcBackend, vgc_backend  # noqa: E402
+from vgc.backend import VgcBackend, vgc_backend  # noqa: E402
+from vgc.trace_once import CompileAfterWarmupError  # noqa: E402
 from vgc.api import CompiledModel, compile  # noqa: E402
 from vgc.capture.paths import InputMismatchError  # noqa: E402
 from vgc.distributed import RankFailedError  # noqa: E402

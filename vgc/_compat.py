@@ -20,7 +20,6 @@ import sympy
 import torch
 import torch.fx as fx
 
-
 # ---- Signatures: which keyword a torch function takes in the installed version ------------------------------------
 
 @functools.cache
@@ -371,7 +370,7 @@ def inductor_custom_passes() -> dict[str, Any]:
 
 
 def _custom_graph_pass_base() -> type:
-    from torch._inductor.custom_graph_pass import CustomGraphPass as base   # private module
+    from torch._inductor.custom_graph_pass import CustomGraphPass as base  # private module
 
     return base
 

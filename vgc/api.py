@@ -2,14 +2,13 @@
 everything at warm-up, never compile again.
 
 `CompiledModel` orchestrates; the jobs are done by objects built when their inputs exist: the `TraceSession`
-(the first call: a saved trace, else a captured and saved one), the backend (`VgcBackend(trace_once=True)`:
-split, compile, cache), the `InputContract` (built from the trace; checks every
-call) and, on CUDA, the `GraphDispatcher` (built from the trace; pads, captures, replays).
+(the first call: a saved trace, else a captured and saved one), the `TraceOnceBackend` (split, compile, cache),
+the `InputContract` (built from the trace; checks every call) and, on CUDA, the `GraphDispatcher` (built from the
+trace; pads, captures, replays).
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import time
@@ -19,15 +18,14 @@ import torch
 
 from vgc import _compat
 from vgc.capture import compile_ranges
-from vgc.backend import VgcBackend
-from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
-from vgc.capture.contract import (DimSpec, InputContract, argument_specs, check_dynamic_arg_dims, dynamic_dims,
+from vgc.capture.contract import (argument_specs, check_dynamic_arg_dims, DimSpec, dynamic_dims, InputContract,
                                   mark_dynamic_dims, padded_dims)
+from vgc.capture.paths import argument_tensors, InputMismatchError
+from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.distributed import RankFailedError, StartCheckIn
-from vgc.capture.paths import InputMismatchError, argument_tensors
-from vgc.trace_session import TraceSession
+from vgc.trace_once import TraceOnceBackend, TraceSession
 
 logger = logging.getLogger("vgc")
 
@@ -49,9 +47,8 @@ class CompiledModel:
         if self.config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE and uniform_decode is None:
             raise ValueError("cudagraph_mode FULL_AND_PIECEWISE needs uniform_decode=<predicate on the call's "
                              "arguments> to tell decode batches (FULL graph) from the rest (PIECEWISE)")
-        self.backend = VgcBackend(self.config, trace_once=True)
+        self.backend = TraceOnceBackend(self.config)
         self._forward = forward
-        self._compiled = None    # Dynamo's own entry, built only for a model whose trace cannot be saved
         self._run: Callable | None = None   # calls the traced program with the call's arguments
         self.contract: InputContract | None = None   # built by the trace
         self.graphs: GraphDispatcher | None = None    # built by the trace, on CUDA with a graph mode
@@ -109,14 +106,12 @@ class CompiledModel:
         build the contract and, on CUDA, the graph dispatcher, and answer the call. With several ranks, each
         checks in with the others between building its pieces and its first run (`vgc.distributed`)."""
         check_in = StartCheckIn()
-        self.backend.before_first_run = check_in.ready
         try:
-            return self._start_checked_in(args, kwargs, check_in)
+            with self.backend.checking_in(check_in.ready):
+                return self._start_checked_in(args, kwargs, check_in)
         except BaseException as e:
             check_in.failed(e)   # no effect once this rank has reported ready
             raise
-        finally:
-            self.backend.before_first_run = None
 
     def _start_checked_in(self, args, kwargs, check_in: StartCheckIn):
         start = time.perf_counter()
@@ -131,18 +126,20 @@ class CompiledModel:
         identity = (specs, dynamic, mode.value)
         if self._range_at is not None:   # each compile range past the first is a trace of its own
             identity += (("compile range", self._range_at),)
-        session = TraceSession(self, arguments, device.type, identity)
-        run, out = session.load(args, kwargs), None
-        if run is None:
+        session = TraceSession(self.backend, self.model, self._forward, self._signature, arguments, device.type,
+                               identity)
+        trace = session.load(args, kwargs)
+        if trace is None:
             mark_dynamic_dims(arguments, dynamic, mode, may_specialise=self._range_at is not None)
-            run, out = session.trace(args, kwargs)
+            trace = session.trace(args, kwargs)
+        self.trace_source, out = trace.source, trace.output
         if len(self.backend.graphs) != 1:   # fullgraph=True: Dynamo hands the backend exactly one graph
             raise RuntimeError(f"vgc: expected one Dynamo graph from the trace, got {len(self.backend.graphs)}")
         graph = self.backend.graphs[0]
         contract = InputContract(self._signature, arguments, specs, dynamic, graph.shape_guards,
                                  graph.compiler_guards,
                                  logging.INFO if self.config.compile_ranges_max_size else logging.WARNING)
-        self._run = run
+        self._run = trace.run
         if out is None:   # a saved or captured program has not run yet
             check_in.ready(graph.collectives)
             try:
@@ -159,29 +156,11 @@ class CompiledModel:
                                      graph.input_check.by_argument_name() if graph.input_check else None)
         self.contract, self.graphs = contract, graphs   # together: a call sees a whole traced model or none
         total = time.perf_counter() - start
-        self._seconds.update(session.seconds, first_call=total)
+        self._seconds.update(trace.seconds, first_call=total)
         logger.info("%s, compiled %d and loaded %d artifacts in %.2f s",
                     "loaded the saved trace" if self.trace_source == "saved" else "traced once",
                     graph.artifacts_compiled, graph.artifacts_loaded, total)
         return out
-
-    def _live_trace(self, args, kwargs) -> tuple[Callable, Any]:
-        """Trace through Dynamo's own entry, saving nothing: for models a saved trace cannot serve."""
-        self._compiled = torch.compile(self.model, backend=self.backend, fullgraph=True, dynamic=False,
-                                       options={"guard_filter_fn": _compat.skip_all_guards})
-        mode = self.config.dynamic_shapes_config.type
-        with self._tracing_scope(mode):
-            out = self._compiled(*args, **kwargs)
-        return self._compiled, out
-
-    def _tracing_scope(self, mode: DynamicShapesType):
-        # Without duck sizing, equal sizes at trace time stay separate symbols: only relations the model really
-        # needs (input_ids and positions broadcast together) become guards, and those are checked per call.
-        stack = contextlib.ExitStack()
-        for context in (self.backend.tracing(), torch.no_grad(), _compat.no_duck_shape(),
-                        _compat.backed_size_oblivious(mode == DynamicShapesType.BACKED_SIZE_OBLIVIOUS)):
-            stack.enter_context(context)
-        return stack
 
     def _graph_mode(self, device: torch.device) -> CUDAGraphMode:
         """The CUDA-graph mode `vgc.compile` runs with on `device`: NONE off CUDA."""

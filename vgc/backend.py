@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -12,29 +11,28 @@ import torch
 import torch.fx as fx
 
 from vgc import _compat, aliasing, log
-from vgc.capture import request_checks
+from vgc.aliasing import mutated_inputs
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
 from vgc.cache.keys import traced_source_files
 from vgc.cache.store import Fetched
-from vgc.piecewise.inductor import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
-from vgc.config import DEFAULT_SPLITTING_OPS, CompilationConfig, CUDAGraphMode
-from vgc.counters import Counters, counters
-from vgc.cudagraph.dropin import DropInGraphs, GraphInputs, full_graph_blocker
-from vgc.aliasing import mutated_inputs
-from vgc.cudagraph.piece import CUDAGraphPiece
-from vgc.cudagraph.runtime import GraphRuntime
-from vgc.distributed import RankFailedError
-from vgc.piecewise.plan import GraphPlan, MissingArtifact, PiecePlan, SavedGraph
+from vgc.capture import request_checks
 from vgc.capture.model_state import StateTensor
 from vgc.capture.size_guards import snapshot_shape_guards
+from vgc.config import CompilationConfig, CUDAGraphMode, DEFAULT_SPLITTING_OPS
+from vgc.counters import Counters, counters
+from vgc.cudagraph.dropin import DropInGraphs, full_graph_blocker, GraphInputs
+from vgc.cudagraph.piece import CUDAGraphPiece
+from vgc.cudagraph.runtime import GraphRuntime
 from vgc.ops.attention import lengths_read_once
 from vgc.ops.collectives import collective_calls
 from vgc.passes.manager import pass_manager
 from vgc.passes.sibling_matmul import fuse_sibling_linears, is_fused_weight
 from vgc.piecewise.compiled_piece import CompiledPiece
-from vgc.piecewise.split import (SDPA, Piece, attention_like_ops, check_splitting_ops, eager_attention_count,
-                                 is_model_state, lay_out_eager_results, sdpa_reads_a_kv_cache, split_graph)
+from vgc.piecewise.inductor import compile_piece, find_size_source, free_symbols, piece_key, unwrap_single
+from vgc.piecewise.plan import GraphPlan, MissingArtifact, PiecePlan
+from vgc.piecewise.split import (attention_like_ops, check_splitting_ops, eager_attention_count, is_model_state,
+                                 lay_out_eager_results, Piece, SDPA, sdpa_reads_a_kv_cache, split_graph)
 
 logger = logging.getLogger("vgc")
 
@@ -46,10 +44,6 @@ SHARE_LENGTH_READS = True
 INFERENCE_ONLY = ("vgc compiles for inference: no gradient flows back through a model compiled with vgc. Call it "
                   "under torch.no_grad() or torch.inference_mode() (or call model.requires_grad_(False)); to train, "
                   "use torch.compile's default backend")
-
-
-class CompileAfterWarmupError(RuntimeError):
-    """Raised when Dynamo asks a `vgc.compile` model, already traced once, to trace and compile again."""
 
 
 @dataclass
@@ -128,15 +122,6 @@ def _call_custom_ops_directly(module: fx.GraphModule) -> None:
         module.recompile()
 
 
-def _compiler_guards(before: list, example_inputs: list) -> list:
-    """The size assumptions Inductor added to Dynamo's while compiling (e.g. `64*s0 <= 2147483647` for 32-bit
-    indexing). Dropped with Dynamo's guards, so the trace-once contract turns them into per-call checks."""
-    known = {str(expr) for expr, _, _ in before}
-    return [(expr, "Inductor's generated code", sources)
-            for expr, _, sources in snapshot_shape_guards(_compat.detect_fake_mode(example_inputs))
-            if str(expr) not in known]
-
-
 class _InferenceOnly(torch.autograd.Function):
     """Gives vgc's outputs a backward that raises `INFERENCE_ONLY`. Without it a backward through them fails with
     torch's "does not require grad", or, when they are summed with other terms, succeeds and leaves the model's
@@ -202,49 +187,25 @@ def _copy_graph_outputs(forward: Callable, runtime: GraphRuntime) -> Callable:
 class VgcBackend:
     """`torch.compile(model, backend=vgc.VgcBackend(config))`. One instance may compile several graphs.
 
-    `trace_once=True` is the backend of `vgc.compile`, which drops Dynamo's guards and owns the calls. It then
-    compiles only inside `tracing()`, the scope of its owner's single trace (any other request to compile is a
-    `CompileAfterWarmupError`), records the size assumptions Inductor adds (the owner's contract checks them per
-    call, since Dynamo's guards are gone), leaves FULL graphs and output lifetime to the caller, and captures
-    piece graphs only inside `graph_runtime.capturing()`. With `defer_build` set (the owner's ahead-of-time
-    capture) it only plans and returns a `SavedGraph` for the owner to build. Without `trace_once` (drop-in),
-    Dynamo's guards stay, piece graphs capture on a size's second call and outputs are cloned out of graph
-    memory.
+    This is the drop-in backend: Dynamo's guards stay, piece graphs capture on a size's second call, FULL graphs
+    wrap each Dynamo graph, and outputs are cloned out of graph memory (callers may keep them across calls).
+    `vgc.trace_once.TraceOnceBackend`, the backend of `vgc.compile`, changes those choices by overriding the
+    methods that make them.
     """
 
-    def __init__(self, config: CompilationConfig | None = None, *, trace_once: bool = False):
+    capture_on_demand = True   # piece graphs capture the second time a capture size runs
+
+    def __init__(self, config: CompilationConfig | None = None):
         self.config = config if config is not None else CompilationConfig()
-        self.trace_once = trace_once
         self.graphs: list[GraphRecord] = []
         self.counters = Counters.child_of(counters)   # this model's work; vgc.counters stays the process total
         # Built up front, used only by graphs on CUDA with a piece-graph mode (the device is known per graph).
         self.graph_runtime = GraphRuntime(self.config.resolved_capture_sizes(), debug=self.config.debug,
-                                          capture_on_demand=not trace_once, counters=self.counters)
+                                          capture_on_demand=self.capture_on_demand, counters=self.counters)
         self._memo: dict[str, Callable] = {}   # artifact name -> compiled callable, shared by identical pieces
         self._seen_keys: set[str] = set()
-        self._tracing = False
         self._told_unsplit = False   # the "no splitting op occurs" advice is given once per model
         self._configs: tuple[dict, dict] | None = None   # Inductor options, with the pass manager
-        # vgc.compile's capture for a saved trace: the backend only plans, and the owner builds the plan once the
-        # traced source files (and so the cache entry) are known.
-        self.defer_build = False
-        # vgc.compile's check-in with the other ranks, between building a live-traced graph and its first run.
-        self.before_first_run: Callable[[int], None] | None = None
-
-    @contextlib.contextmanager
-    def tracing(self):
-        """The scope of a trace-once model's trace: the only place it compiles.
-
-        A retried trace (the first one failed, e.g. Dynamo rejected its graph) replaces the graphs of the failed
-        one; when the retry reuses the code Dynamo kept from it, those graphs stay.
-        """
-        before, self._tracing = len(self.graphs), True
-        try:
-            yield
-        finally:
-            self._tracing = False
-            if len(self.graphs) > before:
-                del self.graphs[:before]
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list, options: dict | None = None,
                  mode: str | None = None) -> Callable:
@@ -252,21 +213,12 @@ class VgcBackend:
             if options or mode:
                 raise ValueError("pass options through CompilationConfig when using a VgcBackend instance "
                                  "(torch.compile(..., options=...) is for backend='vgc')")
-            if self.trace_once and not self._tracing:
-                raise CompileAfterWarmupError(
-                    "vgc: Dynamo asked to trace and compile a vgc.compile model again; it traces once, on its first "
-                    "call, and never compiles after that, warm-up or not. With guards dropped this only happens "
-                    "when Dynamo lost the compiled code (torch._dynamo.reset(), a cache-size limit) or the model is "
-                    "called through another entry; build and warm up a new CompiledModel.")
             return self._compile_graph(gm, example_inputs)
-        except (ValueError, CompileAfterWarmupError) as e:
+        except ValueError as e:
             raise _compat.through_dynamo(e) from e
 
     def _compile_graph(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         plan = self._plan_graph(gm, example_inputs)
-        if self.defer_build:   # vgc.compile's saved-trace capture: built once Dynamo hands back the program
-            plan.snapshot_split()
-            return SavedGraph(plan, _compat.tracing_context())
         start = time.perf_counter()
         store = open_store(self.config, plan.device_type, traced_source_files(_compat.traced_code_objects()))
         plan.seconds["cache_key"] = time.perf_counter() - start
@@ -274,16 +226,15 @@ class VgcBackend:
         forward = self.build(plan, store, around=self._full_graphs(gm, example_inputs, plan.device_type,
                                                                    graph_runtime))
         debug_files.expect_transformed_code(store)
-        if self.before_first_run is not None:   # vgc.compile's live trace: Dynamo runs the graph right after this
-            try:
-                self.before_first_run(plan.collectives)
-            except RankFailedError as e:
-                raise _compat.through_dynamo(e) from e
-        if graph_runtime is not None and not self.trace_once:
-            forward = _copy_graph_outputs(forward, graph_runtime)
+        forward = self._about_to_run(forward, plan, graph_runtime)
         anchor = _grad_anchor(example_inputs)
         # Only graphs compiled with autograd on pay for the wrapper; vgc.compile always traces without it.
         return forward if anchor is None else _raise_on_backward(forward, gm, anchor)
+
+    def _about_to_run(self, forward: Callable, plan: GraphPlan, graph_runtime: GraphRuntime | None) -> Callable:
+        """The built forward as Dynamo will run it: drop-in callers may keep outputs across calls, so none is
+        memory the next graph replay overwrites."""
+        return forward if graph_runtime is None else _copy_graph_outputs(forward, graph_runtime)
 
     def _plan_graph(self, gm: fx.GraphModule, example_inputs: list) -> GraphPlan:
         """Split Dynamo's graph and describe each piece: its structural key, sizes, and what CUDA graphs need."""
@@ -352,9 +303,9 @@ class VgcBackend:
     def _full_graphs(self, gm: fx.GraphModule, example_inputs: list, device_type: str,
                      graph_runtime: GraphRuntime | None) -> Callable | None:
         """Drop-in FULL graphs: what wraps the split graph's forward in a `DropInGraphs`, or None (no FULL graphs:
-        another mode, no CUDA, or `vgc.compile`, whose dispatcher captures them)."""
+        another mode, or no CUDA)."""
         mode = self.config.resolved_cudagraph_mode(device_type)
-        if self.trace_once or graph_runtime is None or mode not in (CUDAGraphMode.FULL,
+        if graph_runtime is None or mode not in (CUDAGraphMode.FULL,
                                                                     CUDAGraphMode.FULL_AND_PIECEWISE):
             return None
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -398,7 +349,7 @@ class VgcBackend:
         record.seconds["compile"] = time.perf_counter() - start
         record.counters.add(pieces=len(plan.pieces), splitting_pieces=sum(p.is_splitting for p in plan.pieces))
         if plan.compiler_guards is None:
-            plan.compiler_guards = _compiler_guards(plan.shape_guards, plan.example_inputs) if self.trace_once else []
+            plan.compiler_guards = self._compiler_guards(plan)
         record.compiler_guards = plan.compiler_guards
 
         record.cache_dir = str(store.directory) if store.directory is not None else None
@@ -420,6 +371,10 @@ class VgcBackend:
         if record.input_check is not None:
             forward = request_checks.checked(forward, record.input_check)
         return forward
+
+    def _compiler_guards(self, plan: GraphPlan) -> list:
+        """Size assumptions Inductor added on top of Dynamo's guards: none to record, Dynamo's guards stay."""
+        return []
 
     def _explain_unsplit(self, gm: fx.GraphModule) -> None:
         """Say why the graph runs as one piece: none of the splitting ops occurs. A user's SDPA model or a
@@ -503,9 +458,8 @@ class VgcBackend:
             logger.warning("cudagraph_mode=%s needs a CUDA device; this %s model runs without CUDA graphs",
                            mode.value, device_type)
             return None
-        # vgc.compile's dispatcher captures FULL graphs itself; drop-in FULL keeps piece graphs for the signatures
-        # a FULL graph cannot hold.
-        return None if mode == CUDAGraphMode.FULL and self.trace_once else self.graph_runtime
+        # Drop-in FULL keeps piece graphs for the signatures a FULL graph cannot hold.
+        return self.graph_runtime
 
     def stats(self) -> dict[str, Any]:
         return {

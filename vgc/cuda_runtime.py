@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-
 # A CUDA build of torch on a machine without a usable GPU raises from torch's capture query too ("CUDA driver
 # version is insufficient"), so both are checked, once.
 _CUDA_USABLE = torch.backends.cuda.is_built() and torch.cuda.is_available()

@@ -19,6 +19,7 @@ SIZES = (1, 3, 17, 64)
 
 def _build(device: str):
     import torch
+
     import vgc
     from vgc.models import llama
 

@@ -20,122 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
-
-def _timed_calls(fn, batch: dict, calls: int) -> list[float]:
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(**batch)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
-
-
-def time_steps(fn, batch: dict, warmup: int, steps: int) -> float:
-    with torch.no_grad():
-        for _ in range(warmup):
-            fn(**batch)
-        torch.cuda.synchronize()
-        return statistics.median(_timed_calls(fn, batch, steps))
-
-
-def time_interleaved(fns: list, batch: dict, warmup: int, steps: int, rounds: int = 5,
-                     counted: tuple[str, ...] = ()) -> tuple[list[float], list[dict[str, int]]]:
-    """Median ms per call of each fn, timed in `rounds` alternating chunks of `steps // rounds` calls, so that
-    drift in the host or the GPU (clocks, other work) falls on every fn alike; and per fn, how much each counter
-    in `counted` changed during its warm-up and timed calls."""
-    import vgc
-
-    samples: list[list[float]] = [[] for _ in fns]
-    changes = [dict.fromkeys(counted, 0) for _ in fns]
-
-    def run(i: int, work) -> None:
-        with vgc.counters.delta() as d:
-            work()
-        for name in counted:
-            changes[i][name] += d[name]
-
-    with torch.no_grad():
-        for i, fn in enumerate(fns):
-            run(i, lambda: [fn(**batch) for _ in range(warmup)])
-        torch.cuda.synchronize()
-        for _ in range(rounds):
-            for i, fn in enumerate(fns):
-                run(i, lambda: samples[i].extend(_timed_calls(fn, batch, max(1, steps // rounds))))
-    return [statistics.median(s) for s in samples], changes
-
-
-def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 20) -> float:
-    """A device-to-device copy's bandwidth (GB/s, bytes read plus bytes written), best of `reps`: the roofline the
-    weight bandwidth of a decode step is compared with."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end))
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * nbytes / (best * 1e-3) / 1e9
-
-
-def kernels_per_call(fn, batch: dict, calls: int = 5) -> float:
-    """CUDA kernels (and memsets/copies) the GPU ran per call of `fn`, counted by the profiler (CUDA-graph replays
-    included: the profiler sees the kernels inside a graph)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.no_grad():
-        fn(**batch)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn(**batch)
-            torch.cuda.synchronize()
-    device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return len(device_events) / calls
-
-
-PASSES = " + passes"
-
-
-def with_pass_twins(rows: dict, twins: dict) -> dict:
-    """`rows` with each row of `twins` (the same strategy with vgc's graph passes on) right after its plain row."""
-    out = {}
-    for name, build in rows.items():
-        out[name] = build
-        if name in twins:
-            out[name + PASSES] = twins[name]
-    return out
-
-
-def row_groups(rows: dict, only: list[str]) -> list[list[str]]:
-    """The rows to run, each plain row together with its '+ passes' twin (timed interleaved with it)."""
-    chosen = [name for name in rows if not only or name in only]
-    return [[name] + ([name + PASSES] if name + PASSES in chosen else []) for name in chosen
-            if not (name.endswith(PASSES) and name[:-len(PASSES)] in chosen)]
-
-
-def print_pass_speedups(results: dict, columns: list[str], width: int) -> None:
-    """Each '+ passes' row's speed-up over its plain twin, timed interleaved with it in the same run."""
-    pairs = [(name, name + PASSES) for name in results if name + PASSES in results]
-    if pairs:
-        print("\nspeed-up from the graph passes (plain / + passes):")
-        for plain, fused in pairs:
-            print(f"{plain:{width}s}" + "".join(f"{results[plain]['ms'][c] / results[fused]['ms'][c]:13.2f}x"
-                                               for c in columns))
+from vgc.bench.timing import (add_row_flags, copy_bandwidth_gbs, kernels_per_call, print_pass_speedups, row_groups,
+                              time_interleaved, with_pass_twins)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,18 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vgc bench decode")
     parser.add_argument("--batches", default="1,8,64,256", help="decode batch sizes")
     parser.add_argument("--prefill", type=int, default=512, help="prefill tokens (4 sequences)")
-    parser.add_argument("--steps", type=int, default=50, help="timed calls per row and size (default 50)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed calls before them (default 5)")
     parser.add_argument("--model", choices=["llama_1b", "tiny"], default="llama_1b")
-    parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
-    parser.add_argument("--passes", action="store_true",
-                        help="add a '+ passes' twin of each vgc row, with every built-in graph pass on")
+    add_row_flags(parser)
     parser.add_argument("--interleave", action="store_true",
                         help="build every chosen row first, then time all of them interleaved (more memory)")
     parser.add_argument("--no-kernel-count", action="store_true",
                         help="skip the profiler's kernel count of the graph rows (counted after all timing, when "
                              "the rows run as one group: --interleave, or a single row)")
-    parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--tp", metavar="SIZES", help="comma-separated tensor-parallel world sizes (e.g. 1,2): "
                         "the sharded decoder, one process per GPU (vgc.bench.decode_tp)")
     args = parser.parse_args(argv)

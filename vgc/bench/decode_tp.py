@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -23,15 +22,9 @@ from pathlib import Path
 
 import torch
 
-from vgc.bench.decode import _timed_calls
+from vgc.bench.timing import free_port, timed_calls
 
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _median_ms(fn, batch: dict, device: torch.device, warmup: int, steps: int) -> float:
@@ -39,7 +32,7 @@ def _median_ms(fn, batch: dict, device: torch.device, warmup: int, steps: int) -
         for _ in range(warmup):
             fn(**batch)
         if device.type == "cuda":
-            return statistics.median(_timed_calls(fn, batch, steps))
+            return statistics.median(timed_calls(fn, batch, steps))
         times = []
         for _ in range(steps):
             t = time.perf_counter()
@@ -184,10 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VGC_CACHE_ROOT", os.path.join(out_dir, "cache"))   # cold unless the user says otherwise
     results, warm = {}, {}
     for tp in sizes:
-        torch.multiprocessing.spawn(_rank_main, args=(tp, _free_port(), options, out_dir), nprocs=tp, join=True)
+        torch.multiprocessing.spawn(_rank_main, args=(tp, free_port(), options, out_dir), nprocs=tp, join=True)
         results[tp] = json.loads(Path(out_dir, f"tp{tp}.json").read_text())
         if args.warm_restart:
-            torch.multiprocessing.spawn(_warm_rank_main, args=(tp, _free_port(), options, out_dir), nprocs=tp,
+            torch.multiprocessing.spawn(_warm_rank_main, args=(tp, free_port(), options, out_dir), nprocs=tp,
                                         join=True)
             warm[tp] = [json.loads(Path(out_dir, f"warm-tp{tp}-rank{r}.json").read_text()) for r in range(tp)]
     _add_differences(results, sizes, out_dir)

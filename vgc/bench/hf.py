@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from vgc.bench.decode import print_pass_speedups, row_groups, time_interleaved, with_pass_twins
+from vgc.bench.timing import add_row_flags, print_pass_speedups, row_groups, time_interleaved, with_pass_twins
 
 SPLIT_AT_SDPA = ["aten::scaled_dot_product_attention"]
 
@@ -71,16 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", help="comma-separated shapes: BxT for llama (default 1x16,4x128), batch "
                                          "sizes for vit (default 1,8,32)")
     parser.add_argument("--layers", type=int, help="fewer layers than the real shape (quick runs)")
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
-    parser.add_argument("--passes", action="store_true",
-                        help="add a '+ passes' twin of each vgc row, with every built-in graph pass on")
-    parser.add_argument("--json", help="also write the results here")
+    add_row_flags(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("vgc bench hf needs a CUDA device")
-    import vgc   # registers the "vgc" backend
+    import vgc  # registers the "vgc" backend
 
     build_model, default_shapes = MODELS[args.model]
     model, make_batch = build_model(args.layers)

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from vgc import envs
-from vgc.config import CompilationConfig
 from vgc.cache import inventory, layout, saved_traces, verify
 from vgc.cache.keys import cache_key, diff_factors, environment_factors, source_factors
+from vgc.config import CompilationConfig
 
 _LS_WIDTH = 120   # the differences line of `ls` stops adding factors here
 

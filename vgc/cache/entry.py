@@ -7,13 +7,13 @@ import os
 from pathlib import Path
 
 from vgc import envs
+from vgc.cache import recovery
 from vgc.cache.cpu_isa import remember_cpu_isa_probes
 from vgc.cache.inventory import closest_entry
-from vgc.cache.layout import CACHE_SUBDIR, NOT_A_DIRECTORY, make_private_dirs, untrusted_reason
 from vgc.cache.keys import cache_key, environment_factors, source_factors
-from vgc.cache import recovery
+from vgc.cache.layout import CACHE_SUBDIR, make_private_dirs, NOT_A_DIRECTORY, untrusted_reason
 from vgc.cache.recovery import INDUCTOR_SUBDIR
-from vgc.cache.store import ArtifactStore, NoStore
+from vgc.cache.store import ArtifactStore, NoStore, Store
 from vgc.config import CompilationConfig
 from vgc.distributed import rank_and_size
 from vgc.log import warn_once
@@ -95,17 +95,18 @@ def explain_new_entry(root: Path, key: str, factors: dict) -> None:
 _prepared_roots: set[Path] = set()
 
 
-def open_root(config: CompilationConfig) -> Path | NoStore:
+def open_root(config: CompilationConfig) -> Path | None:
     """The cache root, trusted and ready (Inductor's cache under it, damaged kernels removed, once per process),
-    or `NoStore` with one warning when it is off, unusable or untrusted."""
+    or None (with one warning) when it is off, unusable or untrusted."""
     if not cache_enabled():
-        return NoStore()
+        return None
     root = cache_root(config)
     untrusted = _trust_problem([root, root / CACHE_SUBDIR, root / INDUCTOR_SUBDIR])
     if untrusted:
-        return _without_cache(config, f"{untrusted[0]} {untrusted[1]}",
-                              _fix(untrusted[1], "use a directory only you can write, or set VGC_CACHE_TRUST=any to "
-                                   "load from it anyway"))
+        _cache_off(config, f"{untrusted[0]} {untrusted[1]}",
+                   _fix(untrusted[1], "use a directory only you can write, or set VGC_CACHE_TRUST=any to load from "
+                        "it anyway"))
+        return None
     try:
         # first: computing the key already probes the CPU ISA into Inductor's cache
         kernel_root = _use_inductor_cache_under(root)
@@ -115,8 +116,8 @@ def open_root(config: CompilationConfig) -> Path | NoStore:
             recovery.remove_damaged_kernels(kernel_root)
             _prepared_roots.add(kernel_root)
     except OSError as e:
-        return _without_cache(config, f"{root} cannot hold the cache ({e.strerror or e})",
-                              "point it at a writable directory")
+        _cache_off(config, f"{root} cannot hold the cache ({e.strerror or e})", "point it at a writable directory")
+        return None
     return root
 
 
@@ -130,7 +131,7 @@ def untrusted_entry(root: Path, key: str) -> tuple[Path, str] | None:
 
 
 def open_store(config: CompilationConfig, device_type: str, paths: list[str], modules: list[str] | None = None,
-               extra_paths: list[str] | None = None, key: tuple[str, dict] | None = None) -> ArtifactStore | NoStore:
+               extra_paths: list[str] | None = None, key: tuple[str, dict] | None = None) -> Store:
     """The cache entry for a graph that traced the source files `paths`; `NoStore` (compile, save nothing) when
     the cache is off, or when the root is unusable or untrusted, with one warning that names the root's setting
     and the fix. `modules` (the traced modules' names) lets a saved trace find their files in a later process;
@@ -138,24 +139,25 @@ def open_store(config: CompilationConfig, device_type: str, paths: list[str], mo
     `key` is the entry's (key, factors) when the caller has just computed them (a found saved trace): hashing
     every source file again would only repeat that work."""
     root = open_root(config)
-    if isinstance(root, NoStore):
-        return root
+    if root is None:
+        return NoStore()
     fmt = save_format(config)
     kernel_root = root if _USER_INDUCTOR_CACHE_DIR is None else None
     key, factors = key if key is not None else entry_key(config, device_type, paths)
     directory = root / CACHE_SUBDIR / key / rank_dir_name()
     untrusted = untrusted_entry(root, key)
     if untrusted:
-        return _without_cache(config, f"{untrusted[0]} {untrusted[1]}",
-                              _fix(untrusted[1], "remove that entry, or set VGC_CACHE_TRUST=any to load from it "
-                                   "anyway"))
+        _cache_off(config, f"{untrusted[0]} {untrusted[1]}",
+                   _fix(untrusted[1], "remove that entry, or set VGC_CACHE_TRUST=any to load from it anyway"))
+        return NoStore()
     if not directory.exists():
         explain_new_entry(root, key, factors)
     try:
         store = ArtifactStore(directory, fmt, kernel_root=kernel_root)
     except OSError as e:
-        return _without_cache(config, f"{directory} cannot be created ({e.strerror or e})",
-                              "point it at a writable directory with free space")
+        _cache_off(config, f"{directory} cannot be created ({e.strerror or e})",
+                   "point it at a writable directory with free space")
+        return NoStore()
     try:
         # Paths are kept beside the key (never in it) so that `vgc cache why-miss` can re-hash the sources.
         manifest = {"hash": key, "factors": factors, "source_paths": paths}
@@ -170,7 +172,6 @@ def open_store(config: CompilationConfig, device_type: str, paths: list[str], mo
     return store
 
 
-def _without_cache(config: CompilationConfig, problem: str, fix: str) -> NoStore:
+def _cache_off(config: CompilationConfig, problem: str, fix: str) -> None:
     warn_once(f"root:{problem}", "compile cache off for this process: %s (cache root from %s); %s", problem,
               _root_source(config), fix)
-    return NoStore()

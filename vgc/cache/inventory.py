@@ -15,6 +15,7 @@ from vgc.cache.keys import diff_factors, flatten_factors
 from vgc.cache.layout import CACHE_SUBDIR, FACTORS_FILE, saved_trace_files_in
 from vgc.cache.store import ArtifactStore
 
+
 def _read_only_store(directory: Path, fmt: str) -> ArtifactStore:
     """An `ArtifactStore` for reading only: it creates or repairs nothing, so `ls`, `show` and `verify` leave a
     root as they found it (and work on a read-only copy)."""

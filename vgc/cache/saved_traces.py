@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vgc.cache.entry import entry_key, rank_dir_name, untrusted_entry
-from vgc.cache.layout import CACHE_SUBDIR, FACTORS_FILE, atomic_write, trace_file_name
 from vgc.cache.keys import module_source_files
+from vgc.cache.layout import atomic_write, CACHE_SUBDIR, FACTORS_FILE, trace_file_name
 from vgc.config import CompilationConfig
 
 logger = logging.getLogger("vgc")
@@ -64,7 +64,7 @@ def _cells(function):
 def closure_problem(function, depth: int = 0, wrappers_ok: bool = False) -> str | None:
     """Why a forward's closure stops a saved trace from serving it (a captured tensor, module or dict: values a
     later process may hold otherwise, which the trace baked in), or None. `wrappers_ok`: a decorator's wrapper is
-    no problem (the trace goes through `trace_session.call_forward`), only what the closures hold."""
+    no problem (the trace goes through `trace_once.call_forward`), only what the closures hold."""
     for name, value in _cells(function):
         if inspect.isfunction(value) and depth < _DEPTH:
             if not wrappers_ok and not _named(value):

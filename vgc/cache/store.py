@@ -15,13 +15,13 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from filelock import FileLock
 
 from vgc import _compat
 from vgc.cache import recovery
-from vgc.cache.layout import ARTIFACT_DIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR, atomic_write, make_private_dirs
+from vgc.cache.layout import ARTIFACT_DIR, atomic_write, FACTORS_FILE, INDEX_FILE, LOCK_DIR, make_private_dirs
 from vgc.log import warn_once
 
 logger = logging.getLogger("vgc")
@@ -88,6 +88,22 @@ def _unpacked_manifest(path: Path) -> dict[str, str]:
     # Loading an unpacked artifact compiles .so files into its directory; only what was saved is checked.
     return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+class Store(Protocol):
+    """What the backend and the trace session use of a cache entry: `ArtifactStore` (an entry on disk) and
+    `NoStore` (no cache) both are one, so no caller asks which it has."""
+
+    directory: Path | None   # None: nothing is on disk (no debug files, no saved trace)
+    saving: bool             # False: nothing is saved (no cache, a read-only view, or a disk that refused a write)
+
+    def load(self, name: str) -> Fetched | None: ...
+
+    def load_or_compile(self, name: str, compile_fn: Callable[[], Any], meta: dict[str, Any]) -> Fetched: ...
+
+    def write_text(self, name: str, text: str) -> Path | None: ...
+
+    def write_factors(self, factors: dict[str, Any]) -> None: ...
 
 
 class ArtifactStore:
@@ -359,6 +375,10 @@ class NoStore:
     """Used when the cache is disabled: compiles every time, reads and writes nothing."""
 
     directory = None
+    saving = False
+
+    def load(self, name: str) -> Fetched | None:
+        return None
 
     def write_text(self, name: str, text: str) -> None:
         return None

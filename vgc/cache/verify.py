@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vgc.cache import recovery, saved_traces
-from vgc.cache.inventory import Entry, _read_only_store
+from vgc.cache.inventory import _read_only_store, Entry
 from vgc.cache.layout import (ARTIFACT_DIR, CACHE_SUBDIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR, saved_trace_files_in,
                               untrusted_reason)
 from vgc.cache.store import factors_problem, record_problem

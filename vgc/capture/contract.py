@@ -14,10 +14,10 @@ import logging
 from typing import Any
 
 from vgc import _compat
+from vgc.capture.paths import argument_tensors, describe, follow, InputMismatchError, render_path, SizeLocation
+from vgc.capture.size_guards import build_size_guards, SizeGuard
+from vgc.capture.specs import spec_of, TensorSpec
 from vgc.config import DynamicShapesType
-from vgc.capture.paths import InputMismatchError, SizeLocation, argument_tensors, describe, follow, render_path
-from vgc.capture.size_guards import SizeGuard, build_size_guards
-from vgc.capture.specs import TensorSpec, spec_of
 
 logger = logging.getLogger("vgc")
 

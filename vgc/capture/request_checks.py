@@ -23,8 +23,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from vgc import _compat, envs
 from vgc import cuda_runtime  # module attribute: tests substitute it
+from vgc import _compat, envs
 from vgc.aliasing import mutated_inputs
 from vgc.capture.paths import resolve_source
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import sympy
 
 from vgc import _compat
-from vgc.capture.paths import InputMismatchError, SizeLocation, follow, parse_size_source, size_name
+from vgc.capture.paths import follow, InputMismatchError, parse_size_source, size_name, SizeLocation
 
 logger = logging.getLogger("vgc")
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from vgc.capture.paths import InputMismatchError, Step, children, describe, follow, render_path
+from vgc.capture.paths import children, describe, follow, InputMismatchError, render_path, Step
 
 
 @dataclass(frozen=True)

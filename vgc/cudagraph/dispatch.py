@@ -13,12 +13,12 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
+from vgc import cuda_runtime  # module attribute access: tests substitute capture()
+from vgc.capture.paths import argument_tensors, InputMismatchError, render_path
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
-from vgc.cudagraph.padding import StaticInputs, output_tensors, padded_size, slice_outputs
-from vgc import cuda_runtime  # module attribute access: tests substitute capture()
-from vgc.cudagraph.runtime import GraphRuntime, ReplaySampler, bypass_piece_graphs, check_replay, frozen_gc
-from vgc.capture.paths import InputMismatchError, argument_tensors, render_path
+from vgc.cudagraph.padding import output_tensors, padded_size, slice_outputs, StaticInputs
+from vgc.cudagraph.runtime import bypass_piece_graphs, check_replay, frozen_gc, GraphRuntime, ReplaySampler
 
 logger = logging.getLogger("vgc")
 

@@ -25,12 +25,12 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from vgc import cuda_runtime  # module attribute access: tests substitute capture()
 from vgc import _compat
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
-from vgc import cuda_runtime  # module attribute access: tests substitute capture()
-from vgc.cudagraph.runtime import (GraphRuntime, ReplaySampler, bypass_piece_graphs, capture_failure, check_replay,
-                                  paused_gc, piece_graphs_bypassed)
+from vgc.cudagraph.runtime import (bypass_piece_graphs, capture_failure, check_replay, GraphRuntime, paused_gc,
+                                   piece_graphs_bypassed, ReplaySampler)
 
 logger = logging.getLogger("vgc")
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from vgc.counters import counters
 from vgc import cuda_runtime  # module attribute access: tests substitute capture()
-from vgc.cudagraph.runtime import GraphRuntime, capture_failure, piece_graphs_bypassed
+from vgc.counters import counters
+from vgc.cudagraph.runtime import capture_failure, GraphRuntime, piece_graphs_bypassed
 from vgc.piecewise.compiled_piece import CompiledPiece
 
 logger = logging.getLogger("vgc")

@@ -21,16 +21,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from vgc import cuda_runtime   # module attribute access: tests substitute capture()
+from vgc import cuda_runtime  # module attribute access: tests substitute capture()
 from vgc import log
 from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
 from vgc.cudagraph.runtime import frozen_gc
 from vgc.encoder import data_parallel
-from vgc.encoder.pack import PathBudgets, SubBatch, budget_levels, pack
-from vgc.encoder.protocol import (DEFAULT_PATH, GLOBAL_PATH, LOCAL_PATH, BudgetGraphMetadata,
-                                  EncoderCudaGraphConfig, EncoderItemSpec, missing_methods)
+from vgc.encoder.pack import budget_levels, pack, PathBudgets, SubBatch
+from vgc.encoder.protocol import (BudgetGraphMetadata, DEFAULT_PATH, EncoderCudaGraphConfig, EncoderItemSpec,
+                                  GLOBAL_PATH, LOCAL_PATH, missing_methods)
 
 logger = logging.getLogger("vgc")
 

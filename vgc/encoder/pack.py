@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from vgc.encoder.protocol import DEFAULT_PATH, GLOBAL_PATH, LOCAL_PATH, EncoderItemSpec
+from vgc.encoder.protocol import DEFAULT_PATH, EncoderItemSpec, GLOBAL_PATH, LOCAL_PATH
 
 # Auto budgets grow by at most this factor per level: a sub-batch just over a level pads at most ~20%. The
 # seed's powers of two (growth 2) pad up to ~50% and measurably cost mean latency on compute-bound batches

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from vgc import _compat
-from vgc.api import CompiledModel
 from vgc.api import compile as vgc_compile
+from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size

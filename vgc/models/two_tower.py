@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..encoder.protocol import (GLOBAL_PATH, LOCAL_PATH, EncoderCudaGraphCaptureInputs, EncoderCudaGraphConfig,
-                                EncoderCudaGraphReplayBuffers, EncoderItemSpec)
-from .vit import PreNormBlock, patch_grid
+from ..encoder.protocol import (EncoderCudaGraphCaptureInputs, EncoderCudaGraphConfig, EncoderCudaGraphReplayBuffers,
+                                EncoderItemSpec, GLOBAL_PATH, LOCAL_PATH)
+from .vit import patch_grid, PreNormBlock
 
 __all__ = ["TowerConfig", "TwoTowerConfig", "TwoTowerEncoder", "tiny_config", "bench_config", "make_images",
            "patchify", "PIXEL_KEYS"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from vgc.passes.noop import eliminate_noops
 from vgc.passes import skinny_matmul
+from vgc.passes.noop import eliminate_noops
 from vgc.passes.sibling_matmul import fuse_sibling_linears
 
 

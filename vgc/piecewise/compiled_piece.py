@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vgc.piecewise.inductor import SizeSource
 from vgc.counters import counters
+from vgc.piecewise.inductor import SizeSource
 
 
 class CompiledPiece:

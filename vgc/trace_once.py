@@ -1,6 +1,7 @@
-"""How a `vgc.compile` model gets its one trace: loaded from the cache (no Dynamo, no Inductor), else captured with
+"""Trace once: the backend of `vgc.compile` (`TraceOnceBackend`) and the session of its first call
+(`TraceSession`), which gets the one trace: loaded from the cache (no Dynamo, no Inductor), else captured with
 torch's AOT precompile, built and saved beside its artifacts, else (a model a saved trace cannot serve) traced
-live through Dynamo as before.
+live through Dynamo.
 
 A saved trace is used only when it still describes the program: its entry key matches the current sources, config
 and environment (`saved_traces.find`), the call meets the input contract and size assumptions it was traced with,
@@ -10,27 +11,143 @@ other case traces; a damaged or stale file is a warning and a trace, never an er
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import time
 import types
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from vgc import _compat
+from vgc.backend import VgcBackend
 from vgc.cache import debug_files, saved_traces
 from vgc.cache.entry import open_root, open_store
 from vgc.cache.keys import module_source_files, user_source_files
-from vgc.cache.store import NoStore
-from vgc.log import warn_once
 from vgc.capture.contract import InputContract
-from vgc.piecewise.plan import SavedGraph
-from vgc.capture.paths import InputMismatchError
 from vgc.capture.model_state import model_structure, state_mismatch
+from vgc.capture.paths import InputMismatchError
+from vgc.capture.size_guards import snapshot_shape_guards
+from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
+from vgc.distributed import RankFailedError
+from vgc.log import warn_once
+from vgc.piecewise.plan import GraphPlan, SavedGraph
 
 logger = logging.getLogger("vgc")
+
+
+class CompileAfterWarmupError(RuntimeError):
+    """Raised when Dynamo asks a `vgc.compile` model, already traced once, to trace and compile again."""
+
+
+class TraceOnceBackend(VgcBackend):
+    """The backend of `vgc.compile`, which drops Dynamo's guards and owns the calls.
+
+    It compiles only inside `tracing()`, the scope of its owner's single trace (any other request to compile is a
+    `CompileAfterWarmupError`); records the size assumptions Inductor adds (the owner's contract checks them per
+    call, since Dynamo's guards are gone); leaves FULL graphs and output lifetime to the owner's dispatcher; and
+    captures piece graphs only inside `graph_runtime.capturing()`. Inside `planning()` (an ahead-of-time capture)
+    it only plans, and returns a `SavedGraph` for the session to build once the traced source files, and so the
+    cache entry, are known. Inside `checking_in(ready)` a live-traced graph calls `ready(collectives)` between
+    being built and its first run.
+    """
+
+    capture_on_demand = False
+
+    def __init__(self, config: CompilationConfig | None = None):
+        super().__init__(config)
+        self._tracing = False
+        self._planning = False
+        self._check_in: Callable[[int], None] | None = None
+
+    @contextlib.contextmanager
+    def tracing(self):
+        """The scope of the owner's trace: the only place this backend compiles. Traced without autograd, without
+        duck sizing (equal sizes at trace time stay separate symbols: only relations the model really needs become
+        guards, and those are checked per call), size-oblivious where the config says so.
+
+        A retried trace (the first one failed, e.g. Dynamo rejected its graph) replaces the graphs of the failed
+        one; when the retry reuses the code Dynamo kept from it, those graphs stay.
+        """
+        oblivious = self.config.dynamic_shapes_config.type == DynamicShapesType.BACKED_SIZE_OBLIVIOUS
+        before, self._tracing = len(self.graphs), True
+        try:
+            with torch.no_grad(), _compat.no_duck_shape(), _compat.backed_size_oblivious(oblivious):
+                yield
+        finally:
+            self._tracing = False
+            if len(self.graphs) > before:
+                del self.graphs[:before]
+
+    @contextlib.contextmanager
+    def planning(self):
+        was, self._planning = self._planning, True
+        try:
+            yield
+        finally:
+            self._planning = was
+
+    @contextlib.contextmanager
+    def checking_in(self, ready: Callable[[int], None]):
+        was, self._check_in = self._check_in, ready
+        try:
+            yield
+        finally:
+            self._check_in = was
+
+    def __call__(self, gm, example_inputs: list, options: dict | None = None, mode: str | None = None):
+        if not self._tracing:
+            error = CompileAfterWarmupError(
+                "vgc: Dynamo asked to trace and compile a vgc.compile model again; it traces once, on its first "
+                "call, and never compiles after that, warm-up or not. With guards dropped this only happens "
+                "when Dynamo lost the compiled code (torch._dynamo.reset(), a cache-size limit) or the model is "
+                "called through another entry; build and warm up a new CompiledModel.")
+            raise _compat.through_dynamo(error) from error
+        return super().__call__(gm, example_inputs, options, mode)
+
+    def _compile_graph(self, gm, example_inputs: list) -> Callable:
+        if self._planning:
+            plan = self._plan_graph(gm, example_inputs)
+            plan.snapshot_split()
+            return SavedGraph(plan, _compat.tracing_context())
+        return super()._compile_graph(gm, example_inputs)
+
+    def _about_to_run(self, forward: Callable, plan: GraphPlan, graph_runtime) -> Callable:
+        """A live trace: Dynamo runs the graph right after this, so the ranks check in now. Outputs stay in graph
+        memory: the owner's dispatcher slices them, and its callers use each before the next call."""
+        if self._check_in is not None:
+            try:
+                self._check_in(plan.collectives)
+            except RankFailedError as e:
+                raise _compat.through_dynamo(e) from e
+        return forward
+
+    def _compiler_guards(self, plan: GraphPlan) -> list:
+        """The size assumptions Inductor added to Dynamo's while compiling (e.g. `64*s0 <= 2147483647` for 32-bit
+        indexing). Dropped with Dynamo's guards, so the owner's contract turns them into per-call checks."""
+        known = {str(expr) for expr, _, _ in plan.shape_guards}
+        return [(expr, "Inductor's generated code", sources)
+                for expr, _, sources in snapshot_shape_guards(_compat.detect_fake_mode(plan.example_inputs))
+                if str(expr) not in known]
+
+    def _full_graphs(self, gm, example_inputs: list, device_type: str, graph_runtime) -> None:
+        return None   # the owner's dispatcher captures FULL graphs of the whole call
+
+    def _piece_graph_runtime(self, device_type: str):
+        runtime = super()._piece_graph_runtime(device_type)
+        return None if self.config.resolved_cudagraph_mode(device_type) == CUDAGraphMode.FULL else runtime
+
+
+@dataclass
+class Trace:
+    """What a `TraceSession` hands back: `run` calls the traced program with the model's own arguments."""
+    run: Callable
+    source: str               # "saved" (loaded: no Dynamo), "traced" (and saved) or "traced-live"
+    output: Any = None        # the first call's output when the trace ran the call (a live trace does)
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def call_forward(self, *args, **kwargs):
@@ -42,16 +159,18 @@ def call_forward(self, *args, **kwargs):
 
 
 class TraceSession:
-    """One `CompiledModel`'s first call: `load()` a saved trace, else `trace()`. Both return the callable that runs
-    the traced program with the model's own arguments; `trace()` also returns the first output when the trace
-    ran the call (a live trace does), else None."""
+    """One `vgc.compile` model's first call: `load()` a saved trace (None when there is none it may use), else
+    `trace()`; each returns a `Trace`. `forward` is the model's forward (or the model, a plain function),
+    `signature` its signature and `arguments` the call's bound arguments; `contract` (its specs, dynamic dims,
+    and what else tells traces apart) names the trace in the cache."""
 
-    def __init__(self, owner, arguments: dict[str, Any], device_type: str, contract: tuple):
-        self.owner = owner
-        self.config = owner.config
-        self.backend = owner.backend
-        self.model = owner.model
-        self.forward = owner._forward
+    def __init__(self, backend: TraceOnceBackend, model: Callable, forward: Callable, signature: inspect.Signature,
+                 arguments: dict[str, Any], device_type: str, contract: tuple):
+        self.backend = backend
+        self.config = backend.config
+        self.model = model
+        self.forward = forward
+        self.signature = signature
         self.traced = self.forward   # what Dynamo captures: the forward, or `call_forward` bound to the model
         self.arguments = arguments
         self.device_type = device_type
@@ -100,7 +219,7 @@ class TraceSession:
         graph dispatcher, which passes them positionally) gave it by position or by name."""
         if self.traced is self.forward:
             return args, kwargs
-        signature = self.owner._signature
+        signature = self.signature
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         positional, keywords = [], {}
@@ -117,11 +236,11 @@ class TraceSession:
         return tuple(positional), keywords
 
     # ---- a warm start ----
-    def load(self, args: tuple, kwargs: dict) -> Callable | None:
+    def load(self, args: tuple, kwargs: dict) -> Trace | None:
         if self._unsupported() is not None:
             return None
         root = open_root(self.config)
-        if isinstance(root, NoStore):
+        if root is None:
             return None
         start = time.perf_counter()
         found, stale = saved_traces.find(root, self.config, self.device_type, self.identity)
@@ -148,7 +267,7 @@ class TraceSession:
         start = time.perf_counter()
         store = open_store(self.config, self.device_type, found.source_paths, found.source_modules,
                            found.extra_paths, key=(found.entry, found.factors))
-        if isinstance(store, NoStore):   # the entry cannot be opened (warned): its artifacts cannot load either
+        if store.directory is None:   # the entry cannot be opened (warned): its artifacts cannot load either
             return None
         try:
             saved.build(self.backend, store)
@@ -159,15 +278,14 @@ class TraceSession:
         self.seconds["load_artifacts"] = time.perf_counter() - start
         _compat.aot_skip_guards(program)
         self.backend.counters.add(traces_loaded=1)
-        self.owner.trace_source = "saved"
-        return self._runner(program)
+        return Trace(self._runner(program), "saved", seconds=self.seconds)
 
     def _refusal(self, program, saved: SavedGraph, args: tuple, kwargs: dict) -> str | None:
         """Why this call must not run the saved program: a size assumption it breaks, or model state that differs
         from the traced model's (a changed attribute, dtype or weight shape)."""
         plan = saved.plan
         try:
-            InputContract(self.owner._signature, self.arguments, self.specs, self.dynamic, plan.shape_guards,
+            InputContract(self.signature, self.arguments, self.specs, self.dynamic, plan.shape_guards,
                           plan.compiler_guards, conditions_level=None).check(self.arguments)
         except InputMismatchError as e:
             return f"this call breaks an assumption of the saved trace ({e})"
@@ -186,32 +304,29 @@ class TraceSession:
         return None if failure is None else f"the model differs from the traced one: {failure}"
 
     # ---- a cold start ----
-    def trace(self, args: tuple, kwargs: dict) -> tuple[Callable, Any]:
+    def trace(self, args: tuple, kwargs: dict) -> Trace:
         reason = self._unsupported()
         if reason is None:
             try:
-                return self._capture(args, kwargs), None
+                return Trace(self._capture(args, kwargs), "traced", seconds=self.seconds)
             except Exception as e:   # torch could not capture or save this program: Dynamo's own entry still can
                 if self.backend.graphs:
                     raise
                 reason = f"{type(e).__name__}: {e}"
         logger.info("trace not saved (%s); tracing through Dynamo's entry", reason)
         start = time.perf_counter()
-        run, out = self.owner._live_trace(args, kwargs)
+        compiled = torch.compile(self.model, backend=self.backend, fullgraph=True, dynamic=False,
+                                 options={"guard_filter_fn": _compat.skip_all_guards})
+        with self.backend.tracing():
+            out = compiled(*args, **kwargs)
         self.seconds["trace_and_compile"] = time.perf_counter() - start
-        self.owner.trace_source = "traced-live"
-        return run, out
+        return Trace(compiled, "traced-live", out, self.seconds)
 
     def _capture(self, args: tuple, kwargs: dict) -> Callable:
-        mode = self.config.dynamic_shapes_config.type
         start = time.perf_counter()
-        self.backend.defer_build = True
-        try:
-            with self.owner._tracing_scope(mode):
-                program = _compat.aot_capture(self.traced, self.backend, *self._layout(args, kwargs),
-                                              _compat.model_state_guard_filter(set(self.arguments)))
-        finally:
-            self.backend.defer_build = False
+        with self.backend.tracing(), self.backend.planning():
+            program = _compat.aot_capture(self.traced, self.backend, *self._layout(args, kwargs),
+                                          _compat.model_state_guard_filter(set(self.arguments)))
         function = getattr(self.forward, "__func__", self.forward)
         # The program is what Dynamo traced: for a decorated forward (transformers' `can_return_tuple`), the
         # decorator's wrapper, which the model's calls go through too.
@@ -233,13 +348,12 @@ class TraceSession:
         self.seconds["trace"] = time.perf_counter() - start
         start = time.perf_counter()
         store = open_store(self.config, self.device_type, sorted({*module_paths, *extra}), modules, extra)
-        with self.owner._tracing_scope(mode):
+        with self.backend.tracing():
             saved.build(self.backend, store)
         self.seconds["compile_or_load"] = time.perf_counter() - start
         self._save(program, store)
         saved.plan.forget_trace()
         _compat.aot_skip_guards(program)
-        self.owner.trace_source = "traced"
         return self._runner(program)
 
     def _save(self, program, store) -> None:
