@@ -2,6 +2,7 @@
 CPU-ISA probing, paid once per session instead of once per test (subprocesses inherit it)."""
 
 import os
+import socket
 import tempfile
 
 _SESSION_DIR = tempfile.mkdtemp(prefix="vgc-tests-")
@@ -132,3 +133,10 @@ def triton_device():
     if torch.cuda.is_available():
         return "cuda"
     return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None
+
+
+def free_port() -> int:
+    """A free TCP port on this host, for a process group's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

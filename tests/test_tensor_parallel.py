@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vgc
-from vgc.bench.decode_tp import _free_port
+from conftest import free_port
 from vgc.models import llama
 
 HERE = Path(__file__).parent
@@ -26,7 +26,7 @@ def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: 
     """Start `world_size` worker processes as one job and wait for all; returns each rank's report."""
     out = tmp_path / name
     out.mkdir()
-    port = _free_port()
+    port = free_port()
     environment = {**os.environ, "VGC_CACHE_ROOT": str(root), **(env or {})}
     procs = []
     for rank in range(world_size):
