@@ -36,7 +36,7 @@ def verify_root(root: Path) -> list[tuple[Path, str]]:
     """(path, problem) for everything under `root` that a start would trip over; empty for a sound root.
 
     Checked: the trust of the root, `torch_compile_cache/`, `inductor_cache/`, every entry and rank directory
-    (as `entry.untrusted_reason` judges it at a start); per rank directory its `index.json` (readable, a JSON
+    (as `layout.untrusted_reason` judges it at a start); per rank directory its `index.json` (readable, a JSON
     object, well-formed records), every indexed artifact against its record (`ArtifactStore.verify`),
     `cache_key_factors.json` (a JSON object with the entry's "hash"), `artifacts/` and `locks/` (directories) and
     every `locks/*.lock` (a regular file, not a symlink: filelock refuses those), every saved trace (whole: its

@@ -3,7 +3,7 @@
 Before the single trace, `dynamic_dims` reads which dims vary (by argument and path inside it), `argument_specs`
 records what every later call must match (refusing objects it cannot check) and `mark_dynamic_dims` tells Dynamo.
 After it, `InputContract` adds the size relations from Dynamo's shape guards; its `check` runs on every call and
-stands in for the guards vgc dropped (see `vgc/guards.py` for the individual checks).
+stands in for the guards vgc dropped (the individual checks: `specs.py` and `size_guards.py` beside it).
 """
 
 from __future__ import annotations

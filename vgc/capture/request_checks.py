@@ -9,8 +9,9 @@ lookup are checked on the host: one `torch.aminmax` per checked input (about 2 Â
 
 On CUDA the check reads two numbers back, which waits for the GPU work queued before it. It is skipped while a
 CUDA graph is being captured (no sync is allowed then; capture runs warm-up inputs). A FULL CUDA graph replayed
-by `vgc.compile` does not call the backend's function, so it is not checked. `VGC_CHECK_INPUT_IDS=0` turns the
-check off for callers that validate ids themselves.
+by `vgc.compile` does not call the backend's function: its dispatcher runs the same check by argument name
+(`InputIdCheck.by_argument_name`) before the replay. `VGC_CHECK_INPUT_IDS=0` turns the check off for callers
+that validate ids themselves.
 """
 
 from __future__ import annotations

@@ -56,9 +56,9 @@ class GraphPlan:
     example_inputs: list | None = field(default=None, repr=False)   # Dynamo's fake inputs (traced plans only)
     seconds: dict[str, float] = field(default_factory=dict)
     saved_split: bytes | None = field(default=None, repr=False)   # the split graph, pickled before any piece ran
-    state_tensors: list = field(default_factory=list)   # guards.StateTensor: the model's weights as traced
+    state_tensors: list = field(default_factory=list)   # capture.model_state.StateTensor: the model's weights as traced
     code_files: set[str] = field(default_factory=set)   # files whose code made an operation (traced plans only)
-    structure: tuple = ()   # guards.model_structure of the traced model (set by its TraceSession)
+    structure: tuple = ()   # capture.model_state.model_structure of the traced model (set by its TraceSession)
     collectives: int = 0    # calls that talk to other ranks (vgc::all_reduce, functional collectives)
 
     @property
