@@ -3,6 +3,7 @@ CPU-ISA probing, paid once per session instead of once per test (subprocesses in
 
 import os
 import socket
+import sys
 import tempfile
 
 _SESSION_DIR = tempfile.mkdtemp(prefix="vgc-tests-")
@@ -11,6 +12,8 @@ os.environ.setdefault("VGC_CACHE_ROOT", os.path.join(_SESSION_DIR, "vgc-cache"))
 for _var in ("VLLM_DISABLE_COMPILE_CACHE", "VGC_DISABLE_COMPILE_CACHE", "VLLM_COMPILE_CACHE_SAVE_FORMAT",
              "VGC_COMPILE_CACHE_SAVE_FORMAT"):
     os.environ.pop(_var, None)
+# The worker scripts run as processes; a test also imports one for what it shares with its workers (the batches).
+sys.path.append(os.path.join(os.path.dirname(__file__), "workers"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -71,15 +74,16 @@ def assert_matches_eager(cfg, model, compiled, sizes, kinds=("prefill", "decode"
                 torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{kind} T={n}")
 
 
-def hf_llama(num_hidden_layers):
-    """An unmodified Hugging Face Llama with SDPA attention and seeded random weights."""
+def hf_llama(num_hidden_layers, causal_lm: bool = False):
+    """An unmodified Hugging Face Llama (its base model, or with the LM head) with SDPA attention and seeded random
+    weights."""
     import transformers
 
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
                                       num_hidden_layers=num_hidden_layers, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")
     torch.manual_seed(0)
-    return transformers.LlamaModel(config).eval()
+    return (transformers.LlamaForCausalLM if causal_lm else transformers.LlamaModel)(config).eval()
 
 
 class MLP(torch.nn.Module):

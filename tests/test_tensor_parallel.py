@@ -15,7 +15,7 @@ import vgc
 from conftest import free_port
 from vgc.models import llama
 
-HERE = Path(__file__).parent
+TP_WORKER = Path(__file__).parent / "workers" / "tp_worker.py"
 TP_TOL = dict(atol=1e-4, rtol=1e-4)   # fp32; partial sums added in another order than one matmul's
 
 
@@ -30,7 +30,7 @@ def run_ranks(tmp_path: Path, name: str, root: Path, world_size: int = 2, fail: 
     environment = {**os.environ, "VGC_CACHE_ROOT": str(root), **(env or {})}
     procs = []
     for rank in range(world_size):
-        command = [sys.executable, str(HERE / "tp_worker.py"), str(rank), str(world_size), str(port), str(out),
+        command = [sys.executable, str(TP_WORKER), str(rank), str(world_size), str(port), str(out),
                    "--options", json.dumps(options or {}), "--device", device]
         if fail and rank in fail:
             command += ["--fail", fail[rank]]

@@ -107,8 +107,7 @@ class CompiledModel:
         checks in with the others between building its pieces and its first run (`vgc.distributed`)."""
         check_in = StartCheckIn()
         try:
-            with self.backend.checking_in(check_in.ready):
-                return self._start_checked_in(args, kwargs, check_in)
+            return self._start_checked_in(args, kwargs, check_in)
         except BaseException as e:
             check_in.failed(e)   # no effect once this rank has reported ready
             raise
@@ -127,7 +126,7 @@ class CompiledModel:
         if self._range_at is not None:   # each compile range past the first is a trace of its own
             identity += (("compile range", self._range_at),)
         session = TraceSession(self.backend, self.model, self._forward, self._signature, arguments, device.type,
-                               identity)
+                               identity, check_in.ready)
         trace = session.load(args, kwargs)
         if trace is None:
             mark_dynamic_dims(arguments, dynamic, mode, may_specialise=self._range_at is not None)
@@ -159,7 +158,7 @@ class CompiledModel:
         self._seconds.update(trace.seconds, first_call=total)
         logger.info("%s, compiled %d and loaded %d artifacts in %.2f s",
                     "loaded the saved trace" if self.trace_source == "saved" else "traced once",
-                    graph.artifacts_compiled, graph.artifacts_loaded, total)
+                    graph.counters.inductor_compiles, graph.counters.artifacts_loaded, total)
         return out
 
     def _graph_mode(self, device: torch.device) -> CUDAGraphMode:

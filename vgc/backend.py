@@ -63,13 +63,6 @@ class GraphRecord:
     full_graphs: DropInGraphs | None = None   # drop-in FULL modes: the graph's FULL CUDA graphs
     collectives: int = 0   # calls that talk to other ranks: every rank must run the graph together
 
-    @property
-    def artifacts_compiled(self) -> int:
-        return self.counters.inductor_compiles
-
-    @property
-    def artifacts_loaded(self) -> int:
-        return self.counters.artifacts_loaded
 
 
 def _piece_example_inputs(split_gm: fx.GraphModule, example_inputs: list) -> dict[str, tuple]:
@@ -359,8 +352,8 @@ class VgcBackend:
             record.computation_graph = debug_files.existing_computation_graph(store, len(self.graphs))
         self.graphs.append(record)
         logger.info("graph %d: %d pieces (%d unique compiled), %d compiled, %d loaded in %.2f s%s",
-                    len(self.graphs) - 1, len(record.pieces), len(record.unique_keys), record.artifacts_compiled,
-                    record.artifacts_loaded, record.seconds["compile"],
+                    len(self.graphs) - 1, len(record.pieces), len(record.unique_keys),
+                    record.counters.inductor_compiles, record.counters.artifacts_loaded, record.seconds["compile"],
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
         forward = split_gm.forward

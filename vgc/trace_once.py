@@ -49,10 +49,7 @@ class TraceOnceBackend(VgcBackend):
     It compiles only inside `tracing()`, the scope of its owner's single trace (any other request to compile is a
     `CompileAfterWarmupError`); records the size assumptions Inductor adds (the owner's contract checks them per
     call, since Dynamo's guards are gone); leaves FULL graphs and output lifetime to the owner's dispatcher; and
-    captures piece graphs only inside `graph_runtime.capturing()`. Inside `planning()` (an ahead-of-time capture)
-    it only plans, and returns a `SavedGraph` for the session to build once the traced source files, and so the
-    cache entry, are known. Inside `checking_in(ready)` a live-traced graph calls `ready(collectives)` between
-    being built and its first run.
+    captures piece graphs only inside `graph_runtime.capturing()`.
     """
 
     capture_on_demand = False
@@ -60,43 +57,31 @@ class TraceOnceBackend(VgcBackend):
     def __init__(self, config: CompilationConfig | None = None):
         super().__init__(config)
         self._tracing = False
-        self._planning = False
+        self._plan_only = False
         self._check_in: Callable[[int], None] | None = None
 
     @contextlib.contextmanager
-    def tracing(self):
+    def tracing(self, *, plan_only: bool = False, check_in: Callable[[int], None] | None = None):
         """The scope of the owner's trace: the only place this backend compiles. Traced without autograd, without
         duck sizing (equal sizes at trace time stay separate symbols: only relations the model really needs become
         guards, and those are checked per call), size-oblivious where the config says so.
 
+        `plan_only` (an ahead-of-time capture): each graph is only planned, and handed back as a `SavedGraph` for
+        the session to build once the traced source files, and so the cache entry, are known. `check_in`: a graph
+        built here calls `check_in(collectives)` between being built and its first run (the ranks' start check-in).
         A retried trace (the first one failed, e.g. Dynamo rejected its graph) replaces the graphs of the failed
         one; when the retry reuses the code Dynamo kept from it, those graphs stay.
         """
         oblivious = self.config.dynamic_shapes_config.type == DynamicShapesType.BACKED_SIZE_OBLIVIOUS
-        before, self._tracing = len(self.graphs), True
+        before = len(self.graphs)
+        self._tracing, self._plan_only, self._check_in = True, plan_only, check_in
         try:
             with torch.no_grad(), _compat.no_duck_shape(), _compat.backed_size_oblivious(oblivious):
                 yield
         finally:
-            self._tracing = False
+            self._tracing, self._plan_only, self._check_in = False, False, None
             if len(self.graphs) > before:
                 del self.graphs[:before]
-
-    @contextlib.contextmanager
-    def planning(self):
-        was, self._planning = self._planning, True
-        try:
-            yield
-        finally:
-            self._planning = was
-
-    @contextlib.contextmanager
-    def checking_in(self, ready: Callable[[int], None]):
-        was, self._check_in = self._check_in, ready
-        try:
-            yield
-        finally:
-            self._check_in = was
 
     def __call__(self, gm, example_inputs: list, options: dict | None = None, mode: str | None = None):
         if not self._tracing:
@@ -109,7 +94,7 @@ class TraceOnceBackend(VgcBackend):
         return super().__call__(gm, example_inputs, options, mode)
 
     def _compile_graph(self, gm, example_inputs: list) -> Callable:
-        if self._planning:
+        if self._plan_only:
             plan = self._plan_graph(gm, example_inputs)
             plan.snapshot_split()
             return SavedGraph(plan, _compat.tracing_context())
@@ -162,11 +147,14 @@ class TraceSession:
     """One `vgc.compile` model's first call: `load()` a saved trace (None when there is none it may use), else
     `trace()`; each returns a `Trace`. `forward` is the model's forward (or the model, a plain function),
     `signature` its signature and `arguments` the call's bound arguments; `contract` (its specs, dynamic dims,
-    and what else tells traces apart) names the trace in the cache."""
+    and what else tells traces apart) names the trace in the cache. `check_in(collectives)` is called before
+    the traced program first runs the call, when the session runs it (a live trace)."""
 
     def __init__(self, backend: TraceOnceBackend, model: Callable, forward: Callable, signature: inspect.Signature,
-                 arguments: dict[str, Any], device_type: str, contract: tuple):
+                 arguments: dict[str, Any], device_type: str, contract: tuple,
+                 check_in: Callable[[int], None] | None = None):
         self.backend = backend
+        self.check_in = check_in   # a live trace runs the call: the ranks check in between build and run
         self.config = backend.config
         self.model = model
         self.forward = forward
@@ -317,14 +305,14 @@ class TraceSession:
         start = time.perf_counter()
         compiled = torch.compile(self.model, backend=self.backend, fullgraph=True, dynamic=False,
                                  options={"guard_filter_fn": _compat.skip_all_guards})
-        with self.backend.tracing():
+        with self.backend.tracing(check_in=self.check_in):
             out = compiled(*args, **kwargs)
         self.seconds["trace_and_compile"] = time.perf_counter() - start
         return Trace(compiled, "traced-live", out, self.seconds)
 
     def _capture(self, args: tuple, kwargs: dict) -> Callable:
         start = time.perf_counter()
-        with self.backend.tracing(), self.backend.planning():
+        with self.backend.tracing(plan_only=True):
             program = _compat.aot_capture(self.traced, self.backend, *self._layout(args, kwargs),
                                           _compat.model_state_guard_filter(set(self.arguments)))
         function = getattr(self.forward, "__func__", self.forward)

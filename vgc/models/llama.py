@@ -107,11 +107,8 @@ def llama_1b_config() -> LlamaConfig:
 def llama_8b_config() -> LlamaConfig:
     # Llama-3.1-8B shapes, for tensor-parallel benchmarks: 16 GB of bf16
     # weights; 2048 blocks of KV cache take 4 GiB over the 32 layers (TP=1).
-    return LlamaConfig(vocab_size=128256, hidden_size=4096, num_layers=32,
-                       num_heads=32, num_kv_heads=8, head_dim=128,
-                       intermediate_size=14336, rope_theta=500000.0,
-                       max_position=4096, block_size=16, num_blocks=2048,
-                       dtype=torch.bfloat16)
+    return dataclasses.replace(llama_1b_config(), hidden_size=4096, num_layers=32,
+                               head_dim=128, intermediate_size=14336)
 
 
 class RMSNorm(nn.Module):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import vgc
+from conftest import hf_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -12,14 +13,6 @@ PROMPT = torch.tensor([[5, 17, 42, 8, 99, 3]])
 PADDED = torch.tensor([[5, 17, 42, 8, 99, 3], [0, 0, 7, 8, 9, 10], [0, 0, 0, 0, 1, 2]])
 PADDED_MASK = (torch.arange(6)[None] >= torch.tensor([[0], [2], [4]])).long()
 NEW_TOKENS = 5
-
-
-def _causal_lm():
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      attn_implementation="sdpa")
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def _generate(model, inputs=PROMPT, **kwargs):
@@ -30,7 +23,7 @@ def _generate(model, inputs=PROMPT, **kwargs):
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_vgc_compile_refuses_a_kv_cache_object_instead_of_baking_it(cache, no_cache):
-    model = _causal_lm()
+    model = hf_llama(2, causal_lm=True)
     model.forward = vgc.compile(model.forward)
     with vgc.counters.expect(inductor_compiles=0):
         with pytest.raises(ValueError, match=r"argument '\w+' is a transformers\.cache_utils\.\w+Cache, "
@@ -39,7 +32,7 @@ def test_vgc_compile_refuses_a_kv_cache_object_instead_of_baking_it(cache, no_ca
 
 
 def test_dropin_generate_equals_eager_token_for_token(no_cache):
-    model = _causal_lm()
+    model = hf_llama(2, causal_lm=True)
     eager = _generate(model)
     model.forward = torch.compile(model.forward, backend="vgc")
     compiled = _generate(model)
@@ -52,7 +45,7 @@ def test_dropin_decode_on_the_dynamic_cache_replays_piece_graphs(simulated_cuda)
     follow it, run beside attention, so the compiled pieces keep one shape and their piece graphs replay on
     every decode step (CPU stand-in for capture), with eager's tokens, on the default options. Three left-padded
     rows: the padding mask and the index tensors transformers builds it from follow the KV length too."""
-    model = _causal_lm()
+    model = hf_llama(2, causal_lm=True)
     kwargs = {"max_new_tokens": 8, "attention_mask": PADDED_MASK}
     eager = _generate(model, inputs=PADDED, **kwargs)
     # The default splitting ops: a graph whose SDPA reads a KV cache is split there without being asked.

@@ -26,7 +26,7 @@ import vgc
 from vgc.cache import inventory, verify
 from vgc.cache.layout import ARTIFACT_DIR
 
-HERE = Path(__file__).parent
+WORKERS = Path(__file__).parents[1] / "workers"
 FAULT_COUNT = int(os.environ.get("VGC_FAULTS", "12"))
 SEED = int(os.environ.get("VGC_FAULT_SEED", "0"))
 TOL = 1e-4   # fp32, compiled vs eager on the tiny decoder
@@ -47,7 +47,7 @@ def run_passes(roots, tmp_path, name, env=None):
     """Serve every root in one worker process; returns {root: report}. A crash leaves its root without a report."""
     roots_file, out = tmp_path / f"{name}-roots.json", tmp_path / f"{name}.jsonl"
     roots_file.write_text(json.dumps([str(r) for r in roots]))
-    proc = subprocess.run([sys.executable, str(HERE / "fault_worker.py"), str(roots_file), str(out)],
+    proc = subprocess.run([sys.executable, str(WORKERS / "fault_worker.py"), str(roots_file), str(out)],
                           env=env or _env(), capture_output=True, text=True, timeout=3000)
     reports = {}
     if out.exists():
@@ -244,7 +244,7 @@ def test_a_start_killed_while_compiling_leaves_a_root_the_next_starts_recover(tm
     root = tmp_path / "root"
     roots_file, out = tmp_path / "roots.json", tmp_path / "killed.jsonl"
     roots_file.write_text(json.dumps([str(root)]))
-    proc = subprocess.Popen([sys.executable, str(HERE / "fault_worker.py"), str(roots_file), str(out)],
+    proc = subprocess.Popen([sys.executable, str(WORKERS / "fault_worker.py"), str(roots_file), str(out)],
                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     # kill once Inductor is writing kernels: the moment a half-written .so or index can be left behind

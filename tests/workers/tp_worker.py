@@ -16,6 +16,7 @@ import os
 import sys
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,7 @@ def main() -> None:
                             rank=args.rank, world_size=args.world_size, timeout=timedelta(seconds=120))
     report = {"rank": args.rank}
     if args.simulated_graphs:
+        sys.path.insert(0, str(Path(__file__).parents[1]))   # the test helpers live in tests/, one level up
         from simulated_graphs import install_simulated_capture
 
         install_simulated_capture()

@@ -20,7 +20,7 @@ from vgc.cli import main as vgc_main
 from vgc.models import llama
 from conftest import FP32_TOL
 
-WORKER = str(Path(__file__).with_name("warm_worker.py"))
+WORKER = str(Path(__file__).parents[1] / "workers" / "warm_worker.py")
 
 # A user's model in its own file, so that a test can edit its source between processes. It splits at SDPA.
 MODEL_SOURCE = textwrap.dedent('''

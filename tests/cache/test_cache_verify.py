@@ -15,7 +15,7 @@ from vgc.cache.verify import CannotVerify, verify_root
 from vgc.cache.layout import ARTIFACT_DIR, CACHE_SUBDIR, INDEX_FILE
 from vgc.cli import main as vgc_main
 
-WORKER = str(Path(__file__).with_name("cache_worker.py"))
+WORKER = str(Path(__file__).parents[1] / "workers" / "cache_worker.py")
 
 
 @pytest.fixture(scope="module")

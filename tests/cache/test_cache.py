@@ -18,7 +18,7 @@ from vgc.cache.layout import ARTIFACT_DIR
 from vgc.cli import main as vgc_main
 from conftest import FP32_TOL
 
-WORKER = str(Path(__file__).with_name("cache_worker.py"))
+WORKER = str(Path(__file__).parents[1] / "workers" / "cache_worker.py")
 
 
 def run_worker(root, *, options=None, env=None, wait=True):
