@@ -214,3 +214,20 @@ def test_containers_and_kwargs_are_checked_by_value(no_cache):
         compiled(x, [4, 6], [torch.ones(2), 5.0])
     with pytest.raises(vgc.InputMismatchError, match=r"'kwargs': keys \['mask'\]"):
         compiled(x, [4, 6], items, mask=torch.zeros(4))
+
+
+def test_a_call_binds_its_arguments_as_the_signature_does_by_keyword_or_not():
+    def forward(x, y=2, *, z=3):
+        return x
+
+    def variadic(*args):
+        return args
+
+    compiled = vgc.compile(forward)
+    for args, kwargs in [((), {"z": 5, "y": 1, "x": 0}), ((0,), {"y": 1, "z": 5}), ((0, 1), {"z": 5})]:
+        bound = compiled._bind(args, kwargs)   # the keyword fast path and Signature.bind agree, order included
+        assert list(bound.items()) == [("x", 0), ("y", 1), ("z", 5)]
+    assert compiled._bind((), {"x": 0}) == {"x": 0, "y": 2, "z": 3}   # defaults filled in
+    assert vgc.compile(variadic)._bind((), {}) == {"args": ()}
+    with pytest.raises(TypeError):
+        compiled._bind((), {"x": 0, "w": 1})

@@ -86,15 +86,19 @@ def _argument_reader(source: str) -> Callable[[dict], Any]:
     return lambda arguments: resolve_source(source, arguments)
 
 
+_COPY_WHOLE = 4096   # ids up to this many are copied to the host and reduced there
+
+
 def _check_ids(item: CheckedInput, ids) -> None:
     if not isinstance(ids, torch.Tensor) or ids.numel() == 0:   # aminmax refuses an empty tensor
         return
     if cuda_runtime.stream_capturing():   # a graph never replays a check: it would only break the capture
         return
-    if ids.is_cuda:
+    if ids.is_cuda and ids.numel() > _COPY_WHOLE:
         low, high = torch.stack(torch.aminmax(ids)).tolist()   # one device-to-host copy, not two
     else:
-        low, high = (value.item() for value in torch.aminmax(ids))
+        # Few ids (a decode step's one per sequence) come to the host whole: one copy and no kernel launch.
+        low, high = (value.item() for value in torch.aminmax(ids.cpu()))
     if low < 0 or high >= item.rows:
         raise IndexError(
             f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "

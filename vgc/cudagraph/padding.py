@@ -21,6 +21,7 @@ import torch
 from vgc import _compat
 
 PadValue = int | float | str
+_KEPT_SHAPES = 256
 
 
 def padded_size(size: int, capture_sizes: list[int]) -> int | None:
@@ -34,25 +35,24 @@ def pad_into(buffer: torch.Tensor, value: torch.Tensor, dim: int, pad: int, pad_
     return pad_many([(buffer, value, dim, pad_value)], pad)[0]
 
 
-def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: int) -> list[torch.Tensor]:
+def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: int,
+             slots: list[tuple] | None = None) -> list[torch.Tensor]:
     """`pad_into` for several (buffer, value, dim, pad value) at once: the copies go in one multi-tensor copy,
     since every launch costs host time between replays. A value that already is the front of its buffer (an
-    engine writing into vgc's buffers directly) is not copied."""
-    views, targets, sources = [], [], []
-    for buffer, value, dim, _ in jobs:
-        size = value.shape[dim]
-        view = buffer.narrow(dim, 0, size + pad)
-        front = view.narrow(dim, 0, size) if pad else view
+    engine writing into vgc's buffers directly) is not copied. `slots`: each job's `buffer_slots`, when the
+    caller keeps them."""
+    if slots is None:
+        slots = [buffer_slots(buffer, value.shape[dim], dim, pad) for buffer, value, dim, _ in jobs]
+    targets, sources = [], []
+    for (_, front, _), (_, value, _, _) in zip(slots, jobs):
         if value.data_ptr() != front.data_ptr() or value.stride() != front.stride():
             targets.append(front)
             sources.append(value)
-        views.append(view)
     if targets:
         _compat.copy_many(targets, sources)
     if pad:
-        for view, (_, value, dim, pad_value) in zip(views, jobs):
+        for (_, _, tail), (_, value, dim, pad_value) in zip(slots, jobs):
             size = value.shape[dim]
-            tail = view.narrow(dim, size, pad)
             if pad_value == "edge":
                 if size == 0:
                     tail.zero_()
@@ -60,7 +60,14 @@ def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: 
                     tail.copy_(value.narrow(dim, size - 1, 1).expand_as(tail))
             else:
                 tail.fill_(pad_value)
-    return views
+    return [view for view, _, _ in slots]
+
+
+def buffer_slots(buffer: torch.Tensor, size: int, dim: int, pad: int) -> tuple:
+    """The views of `buffer` that a call of `size` entries padded by `pad` uses: the padded extent, its front
+    (the call's entries) and its tail (the pad entries; None without padding)."""
+    view = buffer.narrow(dim, 0, size + pad)
+    return view, (view.narrow(dim, 0, size) if pad else view), (view.narrow(dim, size, pad) if pad else None)
 
 
 def output_tensors(out: Any) -> list[torch.Tensor]:
@@ -95,6 +102,9 @@ class StaticInputs:
         self.pad_values = pad_values or {}
         self.buffers: dict[str, torch.Tensor] = {}
         self.slack: dict[str, int] = {}   # how far a dim may exceed the batch size (offsets: one more)
+        # (pad, each argument's size) -> the buffers' views for such a call: made once per shape, not per call
+        # (each narrow is a dispatcher call, microseconds of host time between replays).
+        self._slots: dict[tuple, list[tuple]] = {}
 
     def reserve(self, name: str, tensor: torch.Tensor, dim: int, batch_size: int) -> None:
         """Size `name`'s buffer from an example; later calls whose dim exceeds the room fall back un-graphed."""
@@ -105,6 +115,7 @@ class StaticInputs:
         shape[dim] = self.max_size + slack
         self.buffers[name] = torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)
         self.slack[name] = slack
+        self._slots.clear()   # they view the buffer this one replaced
 
     def fits(self, name: str, tensor: torch.Tensor, dim: int, padded: int, batch_size: int) -> bool:
         buffer = self.buffers.get(name)
@@ -112,6 +123,12 @@ class StaticInputs:
 
     def pad_all(self, arguments: dict, dims: dict[str, int], pad: int) -> dict:
         """Every dynamic argument (name -> its padded dim) copied into its buffer and padded by `pad`."""
-        views = pad_many([(self.buffers[name], arguments[name], dim, self.pad_values.get(name, 0))
-                          for name, dim in dims.items()], pad)
-        return dict(zip(dims, views))
+        jobs = [(self.buffers[name], arguments[name], dim, self.pad_values.get(name, 0)) for name, dim in dims.items()]
+        key = (pad, *(value.shape[dim] for _, value, dim, _ in jobs))
+        slots = self._slots.get(key)
+        if slots is None:
+            if len(self._slots) >= _KEPT_SHAPES:   # prefill shapes vary without bound: keep a recent few
+                self._slots.clear()
+            slots = self._slots[key] = [buffer_slots(buffer, value.shape[dim], dim, pad)
+                                        for buffer, value, dim, _ in jobs]
+        return dict(zip(dims, pad_many(jobs, pad, slots)))
