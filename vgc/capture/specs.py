@@ -75,9 +75,6 @@ class TensorSpec:
             (f" (or {{{self.argument!r}: {dim}}} for dim {dim} of every tensor in it)" if self.steps else "")
 
 
-# A path into an argument: item steps (`[0]`, `['k']`) and attribute steps (`.field`, for dataclasses).
-
-
 _SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
 
@@ -104,17 +101,19 @@ class ContainerSpec:
     steps: tuple[Step, ...]
     items: tuple
     _keys: tuple = field(init=False, repr=False, compare=False)
+    _oks: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_keys", tuple(key for _, key in self.steps))   # read on every call
+        object.__setattr__(self, "_oks", tuple(spec.ok for spec in self.items))
 
     def ok(self, value: Any) -> bool:
         if type(value) is not self.kind:
             return False
         if self.kind is dict:
             return tuple(value) == self._keys and all(spec.ok(value[k]) for k, spec in zip(self._keys, self.items))
-        if isinstance(value, (list, tuple)):
-            return len(value) == len(self.items) and all(spec.ok(v) for spec, v in zip(self.items, value))
+        if isinstance(value, (list, tuple)):   # a list (not a generator): fewer frames for 16 KV caches per call
+            return len(value) == len(self._oks) and all([ok(v) for ok, v in zip(self._oks, value)])
         return all(spec.ok(getattr(value, k)) for k, spec in zip(self._keys, self.items))
 
     def check(self, where: str, value: Any) -> None:
