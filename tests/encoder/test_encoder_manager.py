@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 import vgc
-from vgc.encoder import EncoderCudaGraphManager, SupportsEncoderCudaGraph
+from vgc.encoder import EncoderCompileError, EncoderCudaGraphManager, SupportsEncoderCudaGraph
 from vgc.encoder.data_parallel import balance
 from vgc.models import vit
 
@@ -113,7 +113,7 @@ def test_vgc_compiled_budgets_load_from_the_cache_and_never_compile_on_a_request
     manager = EncoderCudaGraphManager(encoder, config)
     with vgc.counters.expect(inductor_compiles=0, cache_misses=0, cudagraph_captures=3) as d:
         manager.capture()   # a warm start: every artifact from the cache
-    assert d["artifacts_loaded"] > 0
+    assert d["artifacts_loaded"] > 0 and manager.stats()["captured_forward"] == {"default": "compiled"}
     rng = random.Random(1)
     with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, cudagraph_captures=0):
         for step in range(4):
@@ -157,18 +157,35 @@ def test_without_graphs_the_compiled_forward_runs_each_sub_batch_at_its_own_size
     assert manager.stats()["padding_waste"] == 0.0
 
 
-def test_a_compile_that_fails_falls_back_to_capturing_the_models_own_forward(encoder, simulated_capture,
-                                                                            fresh_counters, monkeypatch, caplog):
+def _refuse_to_compile(monkeypatch):
     import vgc.api
 
     def refuse(self, *args, **kwargs):
         raise RuntimeError("tracer pinned a dynamic size\nsecond line")
 
     monkeypatch.setattr(vgc.api.CompiledModel, "__call__", refuse)
+
+
+def test_a_compile_that_fails_stops_the_capture_by_default_naming_the_path_and_the_error(encoder, simulated_capture,
+                                                                                       monkeypatch):
+    _refuse_to_compile(monkeypatch)
     config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[16, 64])
     manager = EncoderCudaGraphManager(encoder, config)
+    with pytest.raises(EncoderCompileError, match=r"'default' forward \(RuntimeError: tracer pinned a dynamic "
+                                                  r"size\).*on_compile_failure='model_forward'"):
+        manager.capture()
+    with pytest.raises(ValueError, match="on_compile_failure must be one of"):
+        EncoderCudaGraphManager(encoder, config, on_compile_failure="eager")
+
+
+def test_a_compile_that_fails_may_fall_back_to_capturing_the_models_own_forward(encoder, simulated_capture,
+                                                                               fresh_counters, monkeypatch, caplog):
+    _refuse_to_compile(monkeypatch)
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[16, 64])
+    manager = EncoderCudaGraphManager(encoder, config, on_compile_failure="model_forward")
     manager.capture()   # the start goes on
     assert manager.stats()["compile_errors"] == {"default": "RuntimeError: tracer pinned a dynamic size"}
+    assert manager.stats()["captured_forward"] == {"default": "model"}
     assert "could not compile the encoder's default forward (RuntimeError: tracer pinned a dynamic size)" \
         in caplog.text
     mm = vit.make_images(CFG, [32, 64, (32, 96)], seed=5)

@@ -39,11 +39,22 @@ _MIN_GRAPH_SAVING = 0.02   # a budget whose graph saves less than this of the co
 _TIMED_RUNS = 3
 
 
+class EncoderCompileError(RuntimeError):
+    """vgc could not compile an encoder path's forward; `capture()` raises it unless told to capture the model's
+    own forward instead (`on_compile_failure="model_forward"`)."""
+
+
+_ON_COMPILE_FAILURE = ("raise", "model_forward")
+
+
 class EncoderCudaGraphManager:
     """Budget CUDA graphs for one encoder. `config` defaults to `CompilationConfig(cudagraph_mm_encoder=True)`;
     with `cudagraph_mm_encoder=False` (or off CUDA) the same packing runs the compiled forward without graphs.
 
-    `compile=False` records the model's own forward instead of vgc's compiled one. `data_parallel` (default:
+    `compile=False` records the model's own forward instead of vgc's compiled one. When vgc's compile of a path's
+    forward fails, `capture()` raises `EncoderCompileError` (`on_compile_failure="raise"`, the default: graphs of
+    an uncompiled forward replay, but slower, and that should not pass unnoticed); with
+    `on_compile_failure="model_forward"` it warns and captures the model's own forward for that path. `data_parallel` (default:
     on when `torch.distributed` is initialised with more than one rank in `group`) shares the items of every
     `execute` among the ranks, which must all call it with the same batch. `calibrate` (default: on a CUDA
     device) times every graph against the compiled forward at start-up and runs a sub-batch at its own size,
@@ -52,7 +63,11 @@ class EncoderCudaGraphManager:
 
     def __init__(self, model: Any, config: CompilationConfig | None = None, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, compile: bool = True, data_parallel: bool | None = None,
-                 group: Any = None, calibrate: bool | None = None):
+                 group: Any = None, calibrate: bool | None = None, on_compile_failure: str = "raise"):
+        if on_compile_failure not in _ON_COMPILE_FAILURE:
+            raise ValueError(f"on_compile_failure must be one of {list(_ON_COMPILE_FAILURE)}, got "
+                             f"{on_compile_failure!r}")
+        self.on_compile_failure = on_compile_failure
         missing = missing_methods(model)
         if missing:
             raise TypeError(f"{type(model).__name__} does not implement SupportsEncoderCudaGraph: it lacks "
@@ -164,15 +179,20 @@ class EncoderCudaGraphManager:
             units = _next_prime(units + 1)
         try:
             self._forward_at(path, unit * units)
-        except Exception as error:   # any compile failure: the start goes on with the model's own forward
-            # Graphs of the model's own forward still remove the launch overhead; a start must not fail because
-            # vgc could not compile (e.g. a dynamic size the tracer pinned on this torch version).
-            while error.__cause__ is not None:   # Dynamo wraps what the backend raised
-                error = error.__cause__
-            first_line = (str(error).splitlines() or [""])[0]
+        except Exception as error:   # any compile failure (e.g. a dynamic size the tracer pinned on this torch)
+            cause = error
+            while cause.__cause__ is not None:   # Dynamo wraps what the backend raised
+                cause = cause.__cause__
+            first_line = (str(cause).splitlines() or [""])[0]
+            if self.on_compile_failure == "raise":
+                raise EncoderCompileError(
+                    f"vgc could not compile the encoder's {path!r} forward ({type(cause).__name__}: {first_line}); "
+                    "fix the model's forward for torch.compile, or pass on_compile_failure='model_forward' to "
+                    "capture the model's own forward (graphs still replay, slower)") from error
+            # Graphs of the model's own forward still remove the launch overhead.
             logger.warning("vgc could not compile the encoder's %s forward (%s: %s); capturing the model's own "
-                           "forward instead", path, type(error).__name__, first_line)
-            self.compile_errors[path] = f"{type(error).__name__}: {first_line}"
+                           "forward instead", path, type(cause).__name__, first_line)
+            self.compile_errors[path] = f"{type(cause).__name__}: {first_line}"
             self._forwards[path] = self._plain_forward(path)
             self._forward_at(path, self.paths[path].largest)   # a model whose own forward fails stops here
 
@@ -377,6 +397,9 @@ class EncoderCudaGraphManager:
             "tokens": dict(self._tokens),
             "seconds": dict(self._seconds),
             "compile_errors": dict(self.compile_errors),
+            # which forward each path's graphs run: vgc's compiled one, or the model's own
+            "captured_forward": {p: "compiled" if self._compile and p not in self.compile_errors else "model"
+                                 for p in self.paths},
             "counters": self.counters.as_dict(per_call=False),
         }
 

@@ -21,6 +21,14 @@ LOCAL_PATH = "local"
 PaddingLogic = Callable[[torch.Tensor, torch.Tensor], None]
 
 
+def edge_fill(buffer: torch.Tensor, value: torch.Tensor) -> None:
+    """A `PaddingLogic` for boundary lists like `cu_seqlens`: copy, then repeat the last entry (the padding is
+    empty sequences)."""
+    n = value.shape[0]
+    buffer[:n].copy_(value)
+    buffer[n:].copy_(value[-1:].expand(buffer.shape[0] - n))
+
+
 @dataclass(frozen=True)
 class EncoderItemSpec:
     """One image or video as the packer sees it.

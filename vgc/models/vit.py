@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.vgc.varlen_attention)
-from ..encoder.protocol import (DEFAULT_PATH, EncoderCudaGraphCaptureInputs, EncoderCudaGraphConfig,
+from ..encoder.protocol import (DEFAULT_PATH, edge_fill, EncoderCudaGraphCaptureInputs, EncoderCudaGraphConfig,
                                 EncoderCudaGraphReplayBuffers, EncoderItemSpec, split_by_tokens)
 
 __all__ = ["VisionConfig", "VisionEncoder", "PreNormBlock", "tiny_vit_config", "qwen2_vl_vit_config", "make_images",
-           "patch_grid", "edge_fill"]
+           "patch_grid"]
 
 
 @dataclasses.dataclass
@@ -227,13 +227,6 @@ class VisionEncoder(nn.Module):
 
     def postprocess_encoder_output(self, output, mm_kwargs, specs, local_output=None) -> list[torch.Tensor]:
         return split_by_tokens(output, specs)
-
-
-def edge_fill(buffer: torch.Tensor, value: torch.Tensor) -> None:
-    """Padding for boundary lists like `cu_seqlens`: copy, then repeat the last entry (empty sequences)."""
-    n = value.shape[0]
-    buffer[:n].copy_(value)
-    buffer[n:].copy_(value[-1:].expand(buffer.shape[0] - n))
 
 
 def _grids(grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:
