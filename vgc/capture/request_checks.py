@@ -7,7 +7,8 @@ exception cannot unwind, so the process aborts (SIGABRT); on CUDA the Triton ker
 process. So before the compiled graph runs, the ids that go straight from a graph input into an embedding
 lookup are checked on the host: one `torch.aminmax` per checked input (about 2 µs on the CPU).
 
-On CUDA the check reads two numbers back, which waits for the GPU work queued before it. It is skipped while a
+On CUDA a few ids (a decode step's) come to the host whole, in one copy; more are reduced on the device and two
+numbers come back. Either way the check waits for the GPU work queued before it. It is skipped while a
 CUDA graph is being captured (no sync is allowed then; capture runs warm-up inputs). A FULL CUDA graph replayed
 by `vgc.compile` does not call the backend's function: its dispatcher runs the same check by argument name
 (`InputIdCheck.by_argument_name`) before the replay. `VGC_CHECK_INPUT_IDS=0` turns the check off for callers
