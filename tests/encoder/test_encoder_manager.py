@@ -53,6 +53,27 @@ def test_a_model_without_the_protocol_is_refused_by_name():
         EncoderCudaGraphManager(torch.nn.Linear(2, 2))
 
 
+class _PlainWrapper:
+    """The protocol's methods of a model, on an object with no parameters, device or dtype of its own."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        if name in ("parameters", "buffers", "device", "dtype"):
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+
+def test_a_model_without_parameters_must_be_told_its_device_and_dtype(encoder):
+    with pytest.raises(ValueError, match="pass EncoderCudaGraphManager\\(model, device=..., dtype=...\\)"):
+        EncoderCudaGraphManager(_PlainWrapper(encoder))
+    manager = EncoderCudaGraphManager(_PlainWrapper(encoder), device="cpu", dtype=torch.float64)
+    assert (manager.device, manager.dtype) == (torch.device("cpu"), torch.float64)
+    manager = EncoderCudaGraphManager(encoder)   # a module: its parameters say
+    assert (manager.device, manager.dtype) == (torch.device("cpu"), next(encoder.parameters()).dtype)
+
+
 def test_execute_before_capture_is_an_error(encoder):
     manager = EncoderCudaGraphManager(encoder, compile=False)
     with pytest.raises(RuntimeError, match="call capture\\(\\) at start-up"):

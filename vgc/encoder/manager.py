@@ -75,10 +75,7 @@ class EncoderCudaGraphManager:
         self.model = model
         self.config = config if config is not None else CompilationConfig(cudagraph_mm_encoder=True)
         self.model_config: EncoderCudaGraphConfig = model.get_encoder_cudagraph_config()
-        first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-        self.device = torch.device(device) if device is not None else (
-            first.device if first is not None else torch.device("cpu"))
-        self.dtype = dtype if dtype is not None else (first.dtype if first is not None else torch.float32)
+        self.device, self.dtype = _placement(model, device, dtype)
         self.use_graphs = bool(self.config.cudagraph_mm_encoder) and cuda_runtime.graphs_supported(self.device)
         if self.config.cudagraph_mm_encoder and not self.use_graphs:
             logger.info("encoder CUDA graphs need a CUDA device (the encoder is on %s): the compiled encoder runs "
@@ -411,6 +408,24 @@ class EncoderCudaGraphManager:
         stats = self.stats()
         logger.info("encoder graphs: %d items, hit rate %.1f%%, padding %.1f%% of replayed tokens", items,
                     100 * stats["hit_rate"], 100 * (stats["padding_waste"] or 0))
+
+
+def _placement(model: Any, device: torch.device | str | None, dtype: torch.dtype | None) -> tuple[torch.device,
+                                                                                                 torch.dtype]:
+    """Where the encoder runs and in what dtype: as given, else the model's own (its first parameter's, or its
+    `device` and `dtype` attributes, as transformers models have). A model with neither must be told: a default
+    would put a GPU model's buffers on the CPU, in fp32, without a word."""
+    parameters = getattr(model, "parameters", None)
+    first = next(iter(parameters()), None) if callable(parameters) else None
+    if device is None:
+        device = first.device if first is not None else getattr(model, "device", None)
+    if dtype is None:
+        dtype = first.dtype if first is not None else getattr(model, "dtype", None)
+    if device is None or not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{type(model).__name__} has no parameters (nor `device` and `dtype` attributes) to take the "
+                         "encoder's device and dtype from; pass EncoderCudaGraphManager(model, device=..., "
+                         "dtype=...)")
+    return torch.device(device), dtype
 
 
 def _median_seconds(fn: Callable[[], Any], device) -> float:
