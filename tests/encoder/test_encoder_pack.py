@@ -76,6 +76,18 @@ def test_items_over_every_budget_run_eagerly_one_by_one():
     assert [(b.indices, b.budget) for b in batches] == [((1, 3), 64), ((0,), None), ((2,), None)]
 
 
+def test_an_item_with_an_eager_reason_runs_alone_eagerly_on_every_path_though_it_fits():
+    specs = [EncoderItemSpec(1, 10), EncoderItemSpec(1, 20, eager_reason="frame longer than the captured maximum"),
+             EncoderItemSpec(1, 30)]
+    batches = pack(specs, [64, 128], 4)
+    assert [(b.indices, b.budget) for b in batches] == [((0, 2), 64), ((1,), None)]
+    dual = [EncoderItemSpec(1, 8, global_output_tokens=8, local_output_tokens=16, eager_reason="too long"),
+            EncoderItemSpec(1, 8, global_output_tokens=8, local_output_tokens=16)]
+    batches = pack(dual, {"global": [16, 32], "local": [0, 32, 64]}, 4)
+    assert [(b.indices, dict(b.budgets)) for b in batches] == [((1,), {"global": 16, "local": 32}),
+                                                                ((0,), {"global": None, "local": None})]
+
+
 def test_dual_path_packing_properties_and_the_four_fallback_cases():
     rng = random.Random(1)
     g_unit, l_unit = 16, 10

@@ -109,15 +109,17 @@ def pack(specs: Sequence[EncoderItemSpec], budgets: Budgets, max_items: int, *, 
     """Cut `specs` into sub-batches: items sorted by output tokens (smallest first, ties by position) are added
     to the current sub-batch while it stays within every path's largest budget, `max_items` items and
     `max_frames` sequences; each sub-batch then takes, per path, the smallest budget that holds it. An item over
-    some path's largest budget runs alone, eagerly on that path (and by graph on a path it fits).
+    some path's largest budget runs alone, eagerly on that path (and by graph on a path it fits); an item with an
+    `eager_reason` runs alone, eagerly on every path.
 
     `budgets` is a list (single path), a `PathBudgets`, or a mapping `{"global": [...], "local": [...]}`
     for dual-path encoders (a local budget of 0 serves sub-batches without local patches).
     """
     paths = _as_paths(budgets, max_items, max_frames)
     order = sorted(range(len(specs)), key=lambda i: (specs[i].output_tokens, i))
-    fits = {i: all(specs[i].path_tokens(p) <= b.largest and specs[i].frames <= b.max_frames
-                   for p, b in paths.items()) for i in order}
+    fits = {i: specs[i].eager_reason is None and all(specs[i].path_tokens(p) <= b.largest and
+                                                     specs[i].frames <= b.max_frames for p, b in paths.items())
+            for i in order}
     result: list[SubBatch] = []
     current: list[int] = []
     for i in (i for i in order if fits[i]):
@@ -127,7 +129,7 @@ def pack(specs: Sequence[EncoderItemSpec], budgets: Budgets, max_items: int, *, 
         current.append(i)
     if current:
         result.append(_finish(current, specs, paths))
-    result.extend(_finish([i], specs, paths) for i in order if not fits[i])
+    result.extend(_finish([i], specs, paths, eager=specs[i].eager_reason is not None) for i in order if not fits[i])
     return result
 
 
@@ -158,9 +160,10 @@ def _can_add(current: list[int], item: int, specs, paths: dict[str, PathBudgets]
     return True
 
 
-def _finish(indices: list[int], specs, paths: dict[str, PathBudgets]) -> SubBatch:
+def _finish(indices: list[int], specs, paths: dict[str, PathBudgets], eager: bool = False) -> SubBatch:
     budgets, tokens = {}, {}
     for path, levels in paths.items():
         tokens[path], frames = _totals(indices, specs, path)
-        budgets[path] = 0 if tokens[path] == 0 else levels.smallest_fit(len(indices), tokens[path], frames)
+        budgets[path] = 0 if tokens[path] == 0 else None if eager else \
+            levels.smallest_fit(len(indices), tokens[path], frames)
     return SubBatch(tuple(indices), budgets, tokens)

@@ -35,7 +35,9 @@ class EncoderItemSpec:
 
     `output_tokens` is what the item costs in a budget (all paths together); `input_size` (e.g. patches) is
     what data-parallel load balancing weighs; `frames` is how many attention sequences the item adds (video
-    frames; 1 for an image). Dual-path models also give each path's share.
+    frames; 1 for an image). Dual-path models also give each path's share. `eager_reason`, when set, says why the
+    item must not run in a graph although it fits a budget (e.g. a frame longer than the attention kernel's
+    captured maximum): it then runs alone, eagerly, on every path.
     """
 
     input_size: int
@@ -43,6 +45,7 @@ class EncoderItemSpec:
     frames: int = 1
     global_output_tokens: int | None = None
     local_output_tokens: int | None = None
+    eager_reason: str | None = None
 
     def path_tokens(self, path: str) -> int:
         if path == GLOBAL_PATH:
