@@ -17,7 +17,7 @@ import time
 import torch
 
 import vgc
-from vgc.bench.timing import time_steps
+from vgc.bench.timing import device_events, time_steps
 from vgc.models import llama
 
 VARIANTS = {
@@ -40,23 +40,14 @@ def step_ms(fn, batch, steps=100):
 
 
 def kernel_table(fn, batch, steps=20):
-    from torch.profiler import ProfilerActivity, profile
-    for _ in range(5):
-        fn(**batch)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn(**batch)
-        torch.cuda.synchronize()
+    events = device_events(fn, batch, steps, warmup=5)
     per_kernel = collections.defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = event.name[:90]
-            per_kernel[name][0] += 1
-            per_kernel[name][1] += event.device_time_total if hasattr(event, "device_time_total") \
-                else event.cuda_time_total
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+    for event in events:
+        name = event.name[:90]
+        per_kernel[name][0] += 1
+        per_kernel[name][1] += event.device_time_total if hasattr(event, "device_time_total") \
+            else event.cuda_time_total
+    kernels = sorted(events, key=lambda e: e.time_range.start)
     gap_before = collections.defaultdict(float)
     for before, after in zip(kernels, kernels[1:]):
         gap = after.time_range.start - before.time_range.end

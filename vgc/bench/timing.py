@@ -76,20 +76,26 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 20) -> float:
     return 2 * nbytes / (best * 1e-3) / 1e9
 
 
+def device_events(fn, batch: dict, calls: int, warmup: int = 1) -> list:
+    """The profiler's CUDA events (kernels, memsets, copies; those inside CUDA-graph replays too) of `calls` calls
+    of `fn`, after `warmup` untimed ones."""
+    from torch.profiler import profile, ProfilerActivity
+
+    for _ in range(warmup):
+        fn(**batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(**batch)
+        torch.cuda.synchronize()
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def kernels_per_call(fn, batch: dict, calls: int = 5) -> float:
     """CUDA kernels (and memsets/copies) the GPU ran per call of `fn`, counted by the profiler (CUDA-graph replays
     included: the profiler sees the kernels inside a graph)."""
-    from torch.profiler import profile, ProfilerActivity
-
     with torch.no_grad():
-        fn(**batch)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn(**batch)
-            torch.cuda.synchronize()
-    device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return len(device_events) / calls
+        return len(device_events(fn, batch, calls)) / calls
 
 
 PASSES = " + passes"
