@@ -452,6 +452,11 @@ def mark_unbacked(tensor: torch.Tensor, dim: int, shape_id: str | None = None) -
     _mark_unbacked(tensor, dim, **kwargs)
 
 
+def assume_equal(a, b) -> None:
+    """Tell the tracer two sizes are equal (a replacement for backed sizes, a runtime check for unbacked ones)."""
+    torch._check(a == b)
+
+
 def backed_size_oblivious(enabled: bool):
     """A context in which backed sizes are traced size-obliviously (no 0/1 specialisation); private config."""
     if not enabled:

@@ -83,7 +83,15 @@ def test_execute_before_capture_is_an_error(encoder):
 def test_budgets_items_and_frames_follow_the_config_and_the_model(encoder):
     auto = EncoderCudaGraphManager(encoder, compile=False).paths["default"]
     assert auto.budgets[0] == 4 and auto.budgets[-1] == CFG.max_batch_tokens
-    assert auto.max_items == CFG.max_batch_tokens // 4 and auto.max_frames == auto.max_items * 4
+    # frames: one slot per 4-token sequence the largest budget can hold, not items x 4 frames per video
+    assert auto.max_items == CFG.max_batch_tokens // 4 and auto.max_frames == CFG.max_batch_tokens // 4
+    # The smallest useful budget is the caller's: it sets the first level, the items and the slots, while the
+    # capacity of a budget still counts the model's smallest sequence (4 tokens).
+    served = EncoderCudaGraphManager(encoder, compile=False, min_budget=32).paths["default"]
+    assert served.budgets[0] == 32 and served.budgets[-1] == CFG.max_batch_tokens
+    assert (served.max_items, served.max_frames, served.capacity(32)) == (8, 8, (8, 8))
+    with pytest.raises(ValueError, match="min_budget must be a positive int"):
+        EncoderCudaGraphManager(encoder, compile=False, min_budget=0)
     config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[16, 64],
                                    encoder_cudagraph_max_vision_items_per_batch=3,
                                    encoder_cudagraph_max_frames_per_batch=5)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from vgc import cuda_runtime  # module attribute access: tests substitute capture()
+from vgc import _compat, cuda_runtime  # module attribute access: tests substitute capture()
 from vgc import log
 from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
@@ -35,6 +35,7 @@ from vgc.encoder.protocol import (BudgetGraphMetadata, DEFAULT_PATH, EncoderCuda
 logger = logging.getLogger("vgc")
 
 _LOG_EVERY_ITEMS = 1000
+_MAX_SLOTS = 256           # default: the largest budget holds at most this many of the smallest budget
 _MIN_GRAPH_SAVING = 0.02   # a budget whose graph saves less than this of the compiled forward's time
 _TIMED_RUNS = 3
 
@@ -59,15 +60,26 @@ class EncoderCudaGraphManager:
     `execute` among the ranks, which must all call it with the same batch. `calibrate` (default: on a CUDA
     device) times every graph against the compiled forward at start-up and runs a sub-batch at its own size,
     without its graph, when the padding would cost more than the graph saves (large, compute-bound batches).
+
+    Serving limits are the caller's, not the model's: `min_budget` (tokens) is the smallest budget worth a graph
+    (default: the model's smallest item, or 1/256 of the largest budget if that is more); the items in one
+    sub-batch default to largest // min_budget (`encoder_cudagraph_max_vision_items_per_batch` overrides), and
+    the attention slots of the largest graph to as many, or more where the items' video frames may need them
+    but at most one per min_budget tokens (`encoder_cudagraph_max_frames_per_batch` overrides).
     """
 
     def __init__(self, model: Any, config: CompilationConfig | None = None, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, compile: bool = True, data_parallel: bool | None = None,
-                 group: Any = None, calibrate: bool | None = None, on_compile_failure: str = "raise"):
+                 group: Any = None, calibrate: bool | None = None, on_compile_failure: str = "raise",
+                 min_budget: int | None = None):
         if on_compile_failure not in _ON_COMPILE_FAILURE:
             raise ValueError(f"on_compile_failure must be one of {list(_ON_COMPILE_FAILURE)}, got "
                              f"{on_compile_failure!r}")
         self.on_compile_failure = on_compile_failure
+        if min_budget is not None and (isinstance(min_budget, bool) or not isinstance(min_budget, int) or
+                                       min_budget < 1):
+            raise ValueError(f"min_budget must be a positive int (tokens), got {min_budget!r}")
+        self.min_budget = min_budget
         missing = missing_methods(model)
         if missing:
             raise TypeError(f"{type(model).__name__} does not implement SupportsEncoderCudaGraph: it lacks "
@@ -108,11 +120,16 @@ class EncoderCudaGraphManager:
             raise ValueError(f"{type(self.model).__name__}.get_encoder_cudagraph_budget_range() must return "
                              f"(smallest, largest) ints with 1 <= smallest <= largest, got ({smallest}, {largest})")
         chosen = list(self.config.encoder_cudagraph_token_budgets)
-        max_items = self.config.encoder_cudagraph_max_vision_items_per_batch or max(1, largest // smallest)
-        max_frames = self.config.encoder_cudagraph_max_frames_per_batch or \
-            max_items * max(1, self.model_config.max_frames_per_video)
+        # The smallest budget worth a graph is a serving choice, not the smallest item the model takes (Qwen2-VL
+        # takes 4-token images): by default at most _MAX_SLOTS of it fill the largest budget, which bounds the
+        # items per sub-batch and so the attention slots every graph carries.
+        useful = min(largest, self.min_budget or max(smallest, largest // _MAX_SLOTS))
+        max_items = self.config.encoder_cudagraph_max_vision_items_per_batch or max(1, largest // useful)
+        # a slot per frame the items may bring, but no more than min_budget-sized sequences fill the largest budget
+        max_frames = self.config.encoder_cudagraph_max_frames_per_batch or max(
+            max_items, min(max_items * max(1, self.model_config.max_frames_per_video), largest // useful))
         if not self.model_config.enable_dual_path_graph:
-            budgets = chosen or budget_levels(smallest, largest)
+            budgets = chosen or budget_levels(useful, largest)
             return {DEFAULT_PATH: PathBudgets(tuple(budgets), max_items, max_frames, unit=smallest)}
         paths = {}
         for path in (GLOBAL_PATH, LOCAL_PATH):
@@ -165,17 +182,23 @@ class EncoderCudaGraphManager:
 
         A traced size that happens to equal a fixed size (a budget of 256 tokens in a 256-wide model) can be
         compared with it while tracing, and the comparison then pins the dynamic size to that value. The trace
-        runs at a prime number of units (tokens, or whole views on a dual path) just above the largest budget
-        that divides no fixed size, so no multiple of it is one either.
+        runs at a prime number of units (tokens, or whole views on a dual path) just above the largest budget,
+        chosen so that in the capture buffers it makes, whatever their layout (patches = 4 x tokens, slots =
+        items + 1), no budget-sized dim equals a fixed one (of the model's weights or of a buffer's other dims),
+        and the prime divides no fixed size (so no multiple of it is one either).
         """
         unit = self.model_config.tokens_per_unit(path)
-        tensors = [*self.model.parameters(), *self.model.buffers()] if isinstance(self.model, torch.nn.Module) else []
-        fixed = {d for t in tensors for d in t.shape if d > 1}
+        fixed = _fixed_sizes(self.model)
         units = _next_prime(self.paths[path].largest // unit + 1)
-        while any(d % units == 0 for d in fixed):
+        for _ in range(64):
+            inputs = self._capture_inputs(path, unit * units)
+            sizes = _budget_sizes(inputs, self.model_config)
+            clash = sizes & (fixed | _static_sizes(inputs, self.model_config))
+            if not clash and not any(d % units == 0 for d in fixed):
+                break
             units = _next_prime(units + 1)
         try:
-            self._forward_at(path, unit * units)
+            self._forward_at(path, unit * units, inputs)
         except Exception as error:   # any compile failure (e.g. a dynamic size the tracer pinned on this torch)
             cause = error
             while cause.__cause__ is not None:   # Dynamo wraps what the backend raised
@@ -193,13 +216,17 @@ class EncoderCudaGraphManager:
             self._forwards[path] = self._plain_forward(path)
             self._forward_at(path, self.paths[path].largest)   # a model whose own forward fails stops here
 
-    def _forward_at(self, path: str, budget: int) -> tuple[Callable, dict[str, torch.Tensor]]:
-        """Run the path's forward once on its capture inputs for `budget`: the first run of a path traces and
-        compiles; later ones load kernels and autotune for that size."""
+    def _capture_inputs(self, path: str, budget: int) -> dict[str, torch.Tensor]:
         max_items, max_frames = self.paths[path].capacity(budget)
         inputs = self.model.prepare_encoder_cudagraph_capture_inputs(budget, max_items, max_frames, self.device,
                                                                      self.dtype, path=path)
-        values = dict(inputs.values)
+        return dict(inputs.values)
+
+    def _forward_at(self, path: str, budget: int, values: dict[str, torch.Tensor] | None = None
+                    ) -> tuple[Callable, dict[str, torch.Tensor]]:
+        """Run the path's forward once on its capture inputs for `budget` (made here unless given): the first run
+        of a path traces and compiles; later ones load kernels and autotune for that size."""
+        values = values if values is not None else self._capture_inputs(path, budget)
         forward = self._forward(path, values)
         forward(values)
         return forward, values
@@ -273,7 +300,14 @@ class EncoderCudaGraphManager:
             raise ValueError(f"encoder buffer keys must be Python identifiers to be compiled, got {list(keys)}")
         model = self.model
 
+        shared = [[(keys.index(key), dim) for key, dim in pairs] for pairs in self.model_config.shared_dims(keys)]
+
         def encoder_forward(*tensors):
+            # Traced sizes are separate symbols unless related; buffers the model says share a size are related
+            # here, before any kernel sees them (two unrelated symbols of one size confuse Inductor's codegen).
+            for (first, first_dim), *others in shared:
+                for index, dim in others:
+                    _compat.assume_equal(tensors[index].shape[dim], tensors[first].shape[first_dim])
             return model.encoder_cudagraph_forward(dict(zip(keys, tensors)), path=path)
 
         encoder_forward.__signature__ = inspect.Signature(
@@ -362,7 +396,7 @@ class EncoderCudaGraphManager:
         if value.shape == buffer.shape:
             buffer.copy_(value)
             return
-        dim = self.model_config.token_dims.get(key, 0)
+        dim = self.model_config.token_dim(key) or 0
         rows = value.shape[dim] if value.dim() else 0
         fits = value.dim() == buffer.dim() and rows <= buffer.shape[dim] and all(
             value.shape[d] == buffer.shape[d] for d in range(value.dim()) if d != dim)
@@ -426,6 +460,27 @@ def _placement(model: Any, device: torch.device | str | None, dtype: torch.dtype
                          "encoder's device and dtype from; pass EncoderCudaGraphManager(model, device=..., "
                          "dtype=...)")
     return torch.device(device), dtype
+
+
+def _fixed_sizes(model: Any) -> set[int]:
+    """The sizes (> 1) of the model's weights: a module's, or those of the modules an adapter object holds."""
+    modules = [model] if isinstance(model, torch.nn.Module) else \
+        [v for v in vars(model).values() if isinstance(v, torch.nn.Module)] if hasattr(model, "__dict__") else []
+    return {d for m in modules for t in (*m.parameters(), *m.buffers()) for d in t.shape if d > 1}
+
+
+def _budget_sizes(inputs: dict[str, torch.Tensor], config: EncoderCudaGraphConfig) -> set[int]:
+    return {t.shape[d] for k, t in inputs.items() if (d := config.token_dim(k)) is not None}
+
+
+def _static_sizes(inputs: dict[str, torch.Tensor], config: EncoderCudaGraphConfig) -> set[int]:
+    """The sizes (> 1) of the buffers' dims that do not grow with the budget (e.g. a patch's 1176 values)."""
+    sizes = set()
+    for key, tensor in inputs.items():
+        grows = config.token_dim(key)
+        grows = grows % tensor.dim() if grows is not None and tensor.dim() else None
+        sizes |= {n for d, n in enumerate(tensor.shape) if n > 1 and d != grows}
+    return sizes
 
 
 def _median_seconds(fn: Callable[[], Any], device) -> float:

@@ -62,13 +62,16 @@ class EncoderCudaGraphConfig:
     `buffer_keys`: the inputs recorded into every graph (per path, the keys its capture inputs hold, when
     `path_buffer_keys` is given). `token_dims`: per buffer key, the dim that grows with the budget (and with
     the item count): vgc compiles the graph forward once with those dims dynamic, so every budget shares its
-    artifacts. `padding_logics`: per buffer key, how a replay value fills its budget-sized buffer.
+    artifacts. An entry is the dim (`{"cu_seqlens": 0}`) or, for buffers that always have the same size there,
+    `{dim: "name"}` with one name for all of them (`{"pixel_values": {0: "patches"}, "positions": {0:
+    "patches"}}`): the compiler then knows the sizes are one, as `vgc.compile`'s shape ids say.
+    `padding_logics`: per buffer key, how a replay value fills its budget-sized buffer.
     """
 
     buffer_keys: tuple[str, ...]
     out_hidden_size: int
     modalities: tuple[str, ...] = ("image",)
-    token_dims: Mapping[str, int] = field(default_factory=dict)
+    token_dims: Mapping[str, int | Mapping[int, str]] = field(default_factory=dict)
     padding_logics: Mapping[str, PaddingLogic] = field(default_factory=dict)
     max_frames_per_video: int = 1
     enable_dual_path_graph: bool = False
@@ -85,6 +88,34 @@ class EncoderCudaGraphConfig:
 
     def keys_for(self, path: str) -> tuple[str, ...]:
         return tuple(self.path_buffer_keys.get(path, self.buffer_keys))
+
+    def __post_init__(self):
+        for key, spec in self.token_dims.items():
+            if not _is_token_dim(spec):
+                raise ValueError(f"token_dims[{key!r}] must be a dim (int) or {{dim: name}} with one entry, got "
+                                 f"{spec!r}")
+
+    def token_dim(self, key: str) -> int | None:
+        """The dim of buffer `key` that grows with the budget (None: its size is fixed)."""
+        spec = self.token_dims.get(key)
+        return spec if spec is None or isinstance(spec, int) else next(iter(spec))
+
+    def shared_dims(self, keys) -> list[list[tuple[str, int]]]:
+        """The (key, dim) pairs of `keys` that share one size, one list per name with at least two."""
+        groups: dict[str, list[tuple[str, int]]] = {}
+        for key in keys:
+            spec = self.token_dims.get(key)
+            if isinstance(spec, Mapping):
+                (dim, name), = spec.items()
+                groups.setdefault(name, []).append((key, dim))
+        return [pairs for pairs in groups.values() if len(pairs) > 1]
+
+
+def _is_token_dim(spec) -> bool:
+    if isinstance(spec, Mapping):
+        return len(spec) == 1 and all(isinstance(d, int) and not isinstance(d, bool) and isinstance(n, str)
+                                      for d, n in spec.items())
+    return isinstance(spec, int) and not isinstance(spec, bool)
 
 
 @dataclass
