@@ -19,6 +19,9 @@ The model runs on flattened tokens, as vLLM's models do. `compile` registers vgc
 
 What transformers does around the forward (logits processors, sampling, stopping, EOS, padding of finished rows)
 is left to generate() itself, so its tokens are eager's.
+
+Vision towers (Qwen2-VL, Qwen2.5-VL, SigLIP, CLIP) get encoder CUDA graphs in one line,
+`encoder_manager(model.visual)`: the adapters live in `vgc.integrations.vision_towers`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size
+from vgc.integrations.vision_towers import encoder_manager, vision_adapter
 
 try:
     from transformers import AttentionInterface
@@ -46,7 +50,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("vgc.integrations.transformers needs transformers: pip install 'vgc[transformers]'") from error
 
-__all__ = ["ATTENTION", "GenerationEngine", "VgcCache", "compile"]
+__all__ = ["ATTENTION", "GenerationEngine", "VgcCache", "compile", "encoder_manager", "vision_adapter"]
 
 logger = logging.getLogger("vgc")
 
