@@ -71,3 +71,41 @@ def test_items_over_every_budget_fall_back_to_eager(small_vit):
         torch.testing.assert_close(g, w, **BF16_TOL)
     assert (manager.stats()["items_hit"], manager.stats()["items_missed"]) == (2, 1)
     assert sum(manager.stats()["graph_memory_bytes"]["default"].values()) > 0   # smaller graphs reuse the pool
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_transformers_towers_through_the_shipped_adapter_equal_their_own_forward(family, tmp_path, monkeypatch):
+    """An unmodified transformers tower (small width, Qwen's patching and windows), bf16, real budget graphs around
+    flash varlen attention: every item within bf16 tolerance of the tower's own (SDPA) forward."""
+    transformers = pytest.importorskip("transformers")
+    from vgc.integrations.transformers import encoder_manager
+
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path))
+    common = dict(depth=4, num_heads=4, patch_size=14, temporal_patch_size=2, in_channels=3, spatial_merge_size=2)
+    if family == "qwen2_vl":
+        from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig as Config
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as Tower
+        config = Config(embed_dim=256, hidden_size=512, mlp_ratio=4, **common)
+    else:
+        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig as Config
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+            Qwen2_5_VisionTransformerPretrainedModel as Tower)
+        config = Config(hidden_size=256, out_hidden_size=512, intermediate_size=1024, window_size=112,
+                        fullatt_block_indexes=[1, 3], **common)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    tower = Tower(config).cuda().to(torch.bfloat16).eval()
+    manager = encoder_manager(tower, vgc.CompilationConfig(cudagraph_mm_encoder=True),
+                              adapter_options=dict(max_batch_tokens=4096))
+    manager.capture()
+    assert manager.stats()["captured_forward"] == {"default": "compiled"}
+    cfg = dataclasses.replace(vit.qwen2_vl_vit_config(), max_batch_tokens=4096)
+    rng = random.Random(1)
+    for step in range(6):
+        mm = _request(cfg, rng, videos=step % 3 == 2)
+        with torch.no_grad():
+            want = manager.model(**mm)
+        want = torch.split(want, [s.output_tokens for s in manager.model.get_encoder_cudagraph_item_specs(mm)])
+        for i, (got, ref) in enumerate(zip(manager.execute(mm), want)):
+            torch.testing.assert_close(got, ref, **BF16_TOL, msg=f"step {step}, item {i}")
+    assert manager.stats()["path_items"]["default"]["replayed"] > 0

@@ -1,5 +1,10 @@
 """`vgc bench encoder`: request latency of a Qwen2-VL-shaped vision encoder, every execution strategy in one run.
 
+`--model qwen2_vl` is vgc's reference ViT at Qwen2-VL's shape; `--model hf-qwen2-vl` is transformers' own
+`Qwen2VisionTransformerPretrainedModel` (random weights, Qwen2-VL's vision config, SDPA, bf16) served through
+vgc's shipped adapter (`vgc.integrations.transformers.encoder_manager`); its eager row is the tower's own forward
+and its compile rows compile that forward. `tiny` and `hf-tiny` are the same at a CPU-sized width.
+
 Scenarios (request lists drawn from `--seed`; a request is the mm_kwargs of its images and videos):
   a  chat: 1-2 images, square-ish, 224^2-672^2 (70% up to 448^2)
   b  heavy: 1-4 images, 224^2-1344^2
@@ -111,7 +116,7 @@ def _two_tower_crops(count: int, seed: int) -> list[list[int]]:
 
 # ---- models and rows ----
 def _vit_config(vit, name: str):
-    if name != "tiny":
+    if name not in ("tiny", "hf-tiny"):
         return vit.qwen2_vl_vit_config()
     # The tiny model (narrow, 2 layers, 8-pixel patches) with the full model's geometry: the scaled scenarios then
     # have the full model's token counts, budgets and frames per sequence. tiny_vit_config's own limits (128^2
@@ -145,6 +150,29 @@ def _two_tower(model_name: str, device: torch.device):
     full = two_tower.bench_config()
     full_largest = getattr(full, "max_images_per_batch", 0) * getattr(full, "global_tokens", 0)
     return two_tower, cfg, model, full_largest or model.get_encoder_cudagraph_budget_range(None)[1]
+
+
+def _hf_qwen2_vl(cfg, device: torch.device):
+    """transformers' Qwen2-VL vision tower at `cfg`'s geometry (the full model's vision config unless tiny), random
+    weights, SDPA, behind vgc's shipped adapter."""
+    from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    from vgc.integrations.transformers import vision_adapter
+
+    tower_config = Qwen2VLVisionConfig(depth=cfg.depth, embed_dim=cfg.dim, hidden_size=cfg.out_hidden,
+                                       num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim // cfg.dim,
+                                       patch_size=cfg.patch_size, temporal_patch_size=cfg.temporal_patch,
+                                       in_channels=cfg.in_channels, spatial_merge_size=cfg.merge)
+    tower_config._attn_implementation = "sdpa"
+    torch.manual_seed(cfg.seed)
+    with torch.device(device):
+        tower = Qwen2VisionTransformerPretrainedModel(tower_config)
+    tower = tower.to(cfg.dtype).eval()
+    # the processor's smallest image (56^2 pixels, 4 tokens), scaled to the patch size like the scenarios
+    side = 56 * cfg.patch_size // 14
+    return vision_adapter(tower, max_frame_pixels=cfg.max_pixels, min_pixels=side * side,
+                          max_batch_tokens=cfg.max_batch_tokens, max_frames_per_video=cfg.max_frames_per_video)
 
 
 def _per_item(model, output, mm_kwargs: dict) -> list[torch.Tensor]:
@@ -218,6 +246,9 @@ def _build(row: str, kind: str, model, full_largest: int) -> tuple[Callable[[dic
         if kind == "vit":   # the eager path, inputs built at the batch's own size (what model.forward does)
             compiled = torch.compile(lambda inputs: model.encoder_cudagraph_forward(inputs), dynamic=True, mode=mode)
             return (lambda kw: compiled(model._inputs(kw))), info
+        if kind == "hf":   # the tower's own forward, compiled as a user would
+            compiled = torch.compile(lambda pixels, grid: model(pixels, grid), dynamic=True, mode=mode)
+            return (lambda kw: compiled(kw["pixel_values"], kw["grid_thw"])), info
         return _compiled_paths(model, mode), info
     budgets = _budgets(row, model, full_largest)
     config = vgc.CompilationConfig(cudagraph_mm_encoder=row != "vgc-nograph", encoder_cudagraph_token_budgets=budgets)
@@ -337,7 +368,8 @@ notes: each request timed alone (synchronize, run, synchronize); mean/p50/p99 ov
   compile-reduce-overhead twice (cudagraph trees warm a new shape up on its first call and record it on the
   second), so compiles, recompiles and recordings per new shape are excluded (their cost is in "untimed s").
   compile rows: torch.compile(dynamic=True) of the model's forward over its buffers at the batch's own size
-  (two-tower: each tower's), buffers built per request as the eager path builds them.
+  (two-tower: each tower's), buffers built per request as the eager path builds them; hf-*: of the tower's own
+  forward (what a user of transformers would compile), whose eager row is that forward too.
   vs eager = eager mean / row mean (>1: faster). graph % = items served by graph replays (per path; the rest ran
   the compiled forward at their own size, where the padding costs more than the graph saves, or eagerly, over
   every budget), pad % = padding tokens / replayed budget tokens, both over the timed requests. compile s,
@@ -384,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="vgc bench encoder", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["qwen2_vl", "tiny"], default="qwen2_vl",
-                        help="qwen2_vl: Qwen2-VL's vision tower shape, bf16, CUDA; tiny: runs on the CPU too")
+    parser.add_argument("--model", choices=["qwen2_vl", "tiny", "hf-qwen2-vl", "hf-tiny"], default="qwen2_vl",
+                        help="qwen2_vl: vgc's ViT at Qwen2-VL's vision shape, bf16, CUDA; hf-qwen2-vl: transformers' "
+                        "Qwen2-VL vision tower through vgc's adapter, bf16, CUDA; tiny, hf-tiny: run on the CPU too")
     parser.add_argument("--requests", type=int, help="requests of scenarios a, b (default: 300 on CUDA, 6 on the "
                         "CPU)")
     parser.add_argument("--requests-small", type=int, help="requests of scenarios c, d, e, at most --requests "
@@ -416,8 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests and --requests-small must be >= 1, --warmup >= 0")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("vgc bench encoder: --device cuda but CUDA is not available")
-    if device.type != "cuda" and args.model != "tiny":
-        raise SystemExit("vgc bench encoder: --model qwen2_vl needs a CUDA device; use --model tiny on the CPU")
+    if device.type != "cuda" and not args.model.endswith("tiny"):
+        raise SystemExit(f"vgc bench encoder: --model {args.model} needs a CUDA device; use --model tiny or hf-tiny "
+                         "on the CPU")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     from vgc import cuda_runtime
@@ -428,17 +462,25 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- models and requests (built once; every row sees the same tensors) ----
     cfg = _vit_config(vit, args.model)
-    with torch.device(device):   # 0.6 B parameters: initialised where they will live
-        vit_model = vit.VisionEncoder(cfg)
-    vit_model = vit_model.to(device).eval()
-    models: dict[str, Any] = {"vit": vit_model}
-    full_largest = {"vit": vit.qwen2_vl_vit_config().max_batch_tokens}
+    hf = args.model.startswith("hf-")
+    if hf:
+        packed_model = _hf_qwen2_vl(cfg, device)
+    else:
+        with torch.device(device):   # 0.6 B parameters: initialised where they will live
+            packed_model = vit.VisionEncoder(cfg)
+        packed_model = packed_model.to(device).eval()
+    packed = "hf" if hf else "vit"   # the kind of model the packed-patch scenarios (all but d) run on
+    models: dict[str, Any] = {packed: packed_model}
+    full_largest = {packed: vit.qwen2_vl_vit_config().max_batch_tokens}
     work: dict[str, dict] = {}   # scenario -> {kind, requests, reference}
     results: dict[str, dict] = {}
     start = time.perf_counter()
     for s in scenarios:
         count = min(args.requests, args.requests_small) if s in SMALL_SCENARIOS else args.requests
         results[s] = {"description": SCENARIOS[s], "requests": count, "rows": {}}
+        if s == "d" and hf:
+            results[s]["skipped"] = "the two-tower scenario runs on --model qwen2_vl or tiny"
+            continue
         if s == "d":
             try:
                 two_tower, tt_cfg, tt_model, full_largest["two_tower"] = _two_tower(args.model, device)
@@ -455,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             requests = [_vit_request(vit, cfg, windows, frames, device, seed=args.seed * 1_000_003 + i)
                         for i, (windows, frames) in enumerate(_vit_layouts(s, count, args.seed))]
-            kind = "vit"
+            kind = packed
         with torch.no_grad():
             try:
                 reference = [t.clone() for t in _per_item(models[kind], models[kind](**requests[0]), requests[0])]

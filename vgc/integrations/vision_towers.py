@@ -73,7 +73,7 @@ class QwenVisionTower:
         self.patch_dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2
         attention = tower.blocks[0].attn
         self.heads = attention.num_heads
-        self.scale = attention.scaling
+        self.scale = getattr(attention, "scaling", None) or (attention.qkv.in_features // self.heads) ** -0.5
         self.full_layers = set(getattr(tower, "fullatt_block_indexes", None) or range(len(tower.blocks)))
         self.windowed = len(self.full_layers) < len(tower.blocks)
         # window side in output tokens (Qwen2.5-VL: 112 px / 14 px / merge 2 = 4)
