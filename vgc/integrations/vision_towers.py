@@ -98,9 +98,11 @@ class QwenVisionTower:
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH,
                                   max_seqlen: int | None = None) -> torch.Tensor:
         tower = self.tower
-        x = tower.patch_embed(inputs["pixel_values"])                           # [patches, dim]
+        # [tokens, merge^2, ...] buffers as [patches, ...]: the token count stays the one size, patches exactly 4x
+        # it, so the merger's regrouping of 4 patches per token needs no condition on the size
+        x = tower.patch_embed(inputs["pixel_values"].flatten(0, 1))            # [patches, dim]
         inv_freq = tower.rotary_pos_emb.inv_freq.float()
-        positions = inputs["positions"]                                         # [patches, 2]: row, column
+        positions = inputs["positions"].flatten(0, 1)                           # [patches, 2]: row, column
         angles = torch.cat([positions[:, :1] * inv_freq, positions[:, 1:] * inv_freq], dim=-1)
         angles = torch.cat([angles, angles], dim=-1)[:, None, :]               # [patches, 1, head_dim]
         cos, sin = angles.cos(), angles.sin()
@@ -129,14 +131,15 @@ class QwenVisionTower:
         device = pixels.device
         layouts = [self._layout(t, h, w, device) for t, h, w in grids]
         frames = [h * w for t, h, w in grids for _ in range(t)]
-        values = {"pixel_values": pixels,
-                  "positions": torch.cat([lay.positions for lay in layouts]) if layouts else pixels.new_zeros(0, 2),
-                  "cu_seqlens": _boundaries(frames, device)}
+        positions = torch.cat([lay.positions for lay in layouts]) if layouts else pixels.new_zeros(0, 2)
+        values = {"pixel_values": pixels, "positions": positions, "cu_seqlens": _boundaries(frames, device)}
         if self.windowed:
             starts = itertools.accumulate((t * h * w for t, h, w in grids), initial=0)
             order = torch.cat([lay.order + start for lay, start in zip(layouts, starts)]) if layouts else None
             values["pixel_values"] = pixels.index_select(0, order) if order is not None else pixels
             values["cu_window_seqlens"] = _boundaries([n for lay in layouts for n in lay.windows], device)
+        for key in ("pixel_values", "positions"):   # [patches, ...] as [tokens, merge^2, ...]: a view
+            values[key] = values[key].unflatten(0, (-1, self.unit))
         return values
 
     def _layout(self, t: int, h: int, w: int, device) -> "_Layout":
@@ -150,7 +153,7 @@ class QwenVisionTower:
         keys = ("pixel_values", "positions", "cu_seqlens") + (("cu_window_seqlens",) if self.windowed else ())
         return EncoderCudaGraphConfig(
             buffer_keys=keys, out_hidden_size=self.out_hidden, modalities=("image", "video"),
-            token_dims={"pixel_values": {0: "patches"}, "positions": {0: "patches"}, "cu_seqlens": 0,
+            token_dims={"pixel_values": {0: "tokens"}, "positions": {0: "tokens"}, "cu_seqlens": 0,
                         "cu_window_seqlens": 0},
             padding_logics={"cu_seqlens": edge_fill, "cu_window_seqlens": edge_fill},
             max_frames_per_video=self.max_frames_per_video)
@@ -180,9 +183,8 @@ class QwenVisionTower:
 
     def prepare_encoder_cudagraph_capture_inputs(self, token_budget, max_batch_size, max_frames_per_batch, device,
                                                  dtype, path=DEFAULT_PATH) -> EncoderCudaGraphCaptureInputs:
-        patches = token_budget * self.unit
-        values = {"pixel_values": torch.zeros(patches, self.patch_dim, device=device, dtype=dtype),
-                  "positions": torch.zeros(patches, 2, device=device),
+        values = {"pixel_values": torch.zeros(token_budget, self.unit, self.patch_dim, device=device, dtype=dtype),
+                  "positions": torch.zeros(token_budget, self.unit, 2, device=device),
                   # one slot per frame (per window); unused slots repeat the last boundary: empty sequences
                   "cu_seqlens": torch.zeros(max_frames_per_batch + 1, dtype=torch.int32, device=device)}
         if self.windowed:   # a window holds at least one token: never more windows than tokens, plus a frame each
@@ -207,8 +209,9 @@ class QwenVisionTower:
                 for item, (t, h, w) in zip(items, _grids(mm_kwargs["grid_thw"]))]
 
     def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """The tower's own forward: its merged tokens, every item packed (what the adapter's outputs equal)."""
-        out = self.tower(pixel_values, grid_thw=grid_thw)
+        """The tower's own forward: its merged tokens, every item packed (what the adapter's outputs equal).
+        `grid_thw` goes to the pixels' device first, as a processor's output moved `.to(device)` would be."""
+        out = self.tower(pixel_values, grid_thw=grid_thw.to(pixel_values.device))
         return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
