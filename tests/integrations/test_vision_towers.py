@@ -131,6 +131,18 @@ def test_a_qwen2_5_vl_tower_is_one_line_from_compiled_budget_graphs(simulated_ca
     stats = manager.stats()
     assert stats["path_items"]["default"]["eager"] == 1   # the 28x28-patch frame (> 96x96 pixels)
     assert stats["path_items"]["default"]["replayed"] > 0
+    # The pixels are copied once: a selection names rows of the caller's tensor, and the adapter gathers them
+    # (in window order) straight into the captured buffer, which the manager then only pads.
+    mm = qwen_request([(1, 4, 6), (2, 8, 8), (1, 4, 4)])
+    chosen = manager.model.select_encoder_cudagraph_items(mm, [2, 0])
+    assert chosen["pixel_values"] is mm["pixel_values"]
+    buffers = manager.graphs["default"][64].input_buffers
+    values = manager.model.prepare_encoder_cudagraph_replay_buffers(chosen, 8, 8, out=buffers).values
+    assert values["pixel_values"].data_ptr() == buffers["pixel_values"].data_ptr()
+    assert values["positions"].data_ptr() == buffers["positions"].data_ptr()
+    assert_items_close(manager.execute(chosen), tower_items(manager.model, {
+        "pixel_values": torch.cat([mm["pixel_values"][152:168], mm["pixel_values"][:24]]),
+        "grid_thw": mm["grid_thw"][[2, 0]]}))
 
 
 def test_a_siglip_tower_graph_runs_its_own_forward_compiled(simulated_capture, fresh_counters, no_cache):

@@ -97,6 +97,7 @@ class EncoderCudaGraphManager:
         self.data_parallel = data_parallel if data_parallel is not None else (
             dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1)
         self._compile = compile
+        self._writes_in_place = "out" in inspect.signature(model.prepare_encoder_cudagraph_replay_buffers).parameters
         self._forwards: dict[str, Callable] = {}
         self.compile_errors: dict[str, str] = {}   # per path: why vgc's compile failed (the plain forward runs)
         self.graphs: dict[str, dict[int, BudgetGraphMetadata]] = {path: {} for path in self.paths}
@@ -368,16 +369,21 @@ class EncoderCudaGraphManager:
 
     def _run_budget(self, path: str, budget: int, tokens: int, items: dict, count: int) -> torch.Tensor:
         max_items, max_frames = self.paths[path].capacity(budget)
-        values = self.model.prepare_encoder_cudagraph_replay_buffers(items, max_items, max_frames, path=path).values
         self._tokens["real"] += tokens
         if not self.use_graphs or not self._replays_pay(path, budget, tokens):
             # the compiled forward at the sub-batch's own size: no padding to pay for
+            values = self.model.prepare_encoder_cudagraph_replay_buffers(items, max_items, max_frames,
+                                                                         path=path).values
             values = {k: v for k, v in values.items() if v is not None}
             self._path_items[path]["exact"] += count
             return self._forward(path, values)(values)[:tokens]
         self._tokens["padded"] += budget - tokens
         self._tokens["replayed"] += budget
         meta = self.graphs[path][budget]
+        # A model that takes `out` writes values straight into the captured buffers (one copy of the pixels)
+        into = {"out": meta.input_buffers} if self._writes_in_place else {}
+        values = self.model.prepare_encoder_cudagraph_replay_buffers(items, max_items, max_frames, path=path,
+                                                                     **into).values
         for key, buffer in meta.input_buffers.items():
             value = values.get(key)
             if value is not None:
@@ -393,10 +399,12 @@ class EncoderCudaGraphManager:
         if logic is not None:
             logic(buffer, value)
             return
-        if value.shape == buffer.shape:
-            buffer.copy_(value)
-            return
         dim = self.model_config.token_dim(key) or 0
+        written = _leading_view(value, buffer, dim)   # the model wrote these rows in place: pad the rest only
+        if value.shape == buffer.shape:
+            if not written:
+                buffer.copy_(value)
+            return
         rows = value.shape[dim] if value.dim() else 0
         fits = value.dim() == buffer.dim() and rows <= buffer.shape[dim] and all(
             value.shape[d] == buffer.shape[d] for d in range(value.dim()) if d != dim)
@@ -404,7 +412,8 @@ class EncoderCudaGraphManager:
             raise ValueError(f"replay value {key!r} of shape {tuple(value.shape)} does not fit its captured buffer "
                              f"{tuple(buffer.shape)} (dim {dim} grows with the budget); the model's "
                              "prepare_encoder_cudagraph_replay_buffers and capture inputs disagree")
-        buffer.narrow(dim, 0, rows).copy_(value)
+        if not written:
+            buffer.narrow(dim, 0, rows).copy_(value)
         buffer.narrow(dim, rows, buffer.shape[dim] - rows).zero_()   # only the padding: the rest was just written
 
     # ---- reporting ----
@@ -460,6 +469,14 @@ def _placement(model: Any, device: torch.device | str | None, dtype: torch.dtype
                          "encoder's device and dtype from; pass EncoderCudaGraphManager(model, device=..., "
                          "dtype=...)")
     return torch.device(device), dtype
+
+
+def _leading_view(value: torch.Tensor, buffer: torch.Tensor, dim: int) -> bool:
+    """Whether `value` is `buffer`'s leading rows along `dim` (written there in place), not a tensor of its own."""
+    return (value.data_ptr() == buffer.data_ptr() and value.dim() == buffer.dim() and
+            value.stride() == buffer.stride() and value.untyped_storage().data_ptr() ==
+            buffer.untyped_storage().data_ptr() and
+            all(value.shape[d] == buffer.shape[d] for d in range(value.dim()) if d != dim % max(value.dim(), 1)))
 
 
 def _fixed_sizes(model: Any) -> set[int]:

@@ -172,7 +172,10 @@ class SupportsEncoderCudaGraph(Protocol):
 
     def prepare_encoder_cudagraph_replay_buffers(self, mm_kwargs: dict, max_batch_size: int,
                                                  max_frames_per_batch: int, path: str = DEFAULT_PATH
-                                                 ) -> EncoderCudaGraphReplayBuffers: ...
+                                                 ) -> EncoderCudaGraphReplayBuffers:
+        """The sub-batch's values at its own size. A model whose method also takes `out` (the captured buffers of
+        the graph about to replay; None when no graph replays) may write a value straight into the leading rows
+        of `out[key]` and return that view: the manager then only pads the rest, and the pixels are copied once."""
 
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH
                                   ) -> torch.Tensor:

@@ -84,7 +84,7 @@ class QwenVisionTower:
         self.max_batch_tokens = max_batch_tokens
         self.max_frames_per_video = max_frames_per_video
         self.out_hidden = tower.merger.mlp[-1].out_features
-        self._positions: dict[tuple, torch.Tensor] = {}
+        self._layouts: dict[tuple, torch.Tensor] = {}
 
     @property
     def device(self) -> torch.device:
@@ -123,30 +123,50 @@ class QwenVisionTower:
         return attn.proj(out.flatten(1))
 
     # ---- buffers ----
-    def _inputs(self, mm_kwargs: dict) -> dict[str, torch.Tensor]:
+    def _inputs(self, mm_kwargs: dict, out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The buffers at the batch's own size: patches (in window order for window attention), their rows and
-        columns, frame boundaries and window boundaries."""
+        columns, frame boundaries and window boundaries. With `out` (captured buffers), patches and positions are
+        gathered straight into their leading rows: the pixels' one copy."""
         grids = _grids(mm_kwargs["grid_thw"])
         pixels = mm_kwargs["pixel_values"]
         device = pixels.device
+        rows = self._item_rows(mm_kwargs, grids)
         layouts = [self._layout(t, h, w, device) for t, h, w in grids]
-        frames = [h * w for t, h, w in grids for _ in range(t)]
-        positions = torch.cat([lay.positions for lay in layouts]) if layouts else pixels.new_zeros(0, 2)
-        values = {"pixel_values": pixels, "positions": positions, "cu_seqlens": _boundaries(frames, device)}
+        patches = sum(end - start for start, end in rows)
+        # (pixels of another dtype than the tower's are gathered as they are; the manager's copy casts them)
+        into = {key: out[key].flatten(0, 1)[:patches] for key, like in (("pixel_values", pixels.dtype),
+                                                                         ("positions", torch.float32))
+                if out and out[key].dtype == like}
+        if self.windowed:   # each item's patches in window order: one gather
+            order = torch.cat([lay.order + start for lay, (start, _) in zip(layouts, rows)]) if rows else \
+                torch.zeros(0, dtype=torch.long, device=device)
+            gathered = torch.index_select(pixels, 0, order, **_out(into, "pixel_values"))
+        elif rows == [(0, pixels.shape[0])] or not rows and not pixels.shape[0]:
+            gathered = into["pixel_values"].copy_(pixels) if into else pixels
+        else:
+            gathered = torch.cat([pixels[start:end] for start, end in rows], **_out(into, "pixel_values"))
+        positions = torch.cat([lay.positions for lay in layouts], **_out(into, "positions")) if layouts else \
+            torch.zeros(0, 2, device=device)
+        values = {"pixel_values": gathered.unflatten(0, (-1, self.unit)),   # views: [tokens, merge^2, ...]
+                  "positions": positions.unflatten(0, (-1, self.unit)),
+                  "cu_seqlens": _boundaries([h * w for t, h, w in grids for _ in range(t)], device)}
         if self.windowed:
-            starts = itertools.accumulate((t * h * w for t, h, w in grids), initial=0)
-            order = torch.cat([lay.order + start for lay, start in zip(layouts, starts)]) if layouts else None
-            values["pixel_values"] = pixels.index_select(0, order) if order is not None else pixels
             values["cu_window_seqlens"] = _boundaries([n for lay in layouts for n in lay.windows], device)
-        for key in ("pixel_values", "positions"):   # [patches, ...] as [tokens, merge^2, ...]: a view
-            values[key] = values[key].unflatten(0, (-1, self.unit))
         return values
+
+    @staticmethod
+    def _item_rows(mm_kwargs: dict, grids: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+        """Each item's rows of `pixel_values`: consecutive, unless a selection named them (`item_rows`)."""
+        if "item_rows" in mm_kwargs:
+            return list(mm_kwargs["item_rows"])
+        starts = list(itertools.accumulate((t * h * w for t, h, w in grids), initial=0))
+        return list(zip(starts[:-1], starts[1:]))
 
     def _layout(self, t: int, h: int, w: int, device) -> "_Layout":
         key = (t, h, w, device)
-        if key not in self._positions:
-            self._positions[key] = _Layout.of(t, h, w, self.merge, self.window, device)
-        return self._positions[key]
+        if key not in self._layouts:
+            self._layouts[key] = _Layout.of(t, h, w, self.merge, self.window, device)
+        return self._layouts[key]
 
     # ---- SupportsEncoderCudaGraph ----
     def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
@@ -172,14 +192,14 @@ class QwenVisionTower:
         return specs
 
     def select_encoder_cudagraph_items(self, mm_kwargs: dict, indices: list[int]) -> dict:
+        """The items `indices` without copying their pixels: the same `pixel_values`, with each item's rows named
+        (`item_rows`); the buffers gather them once."""
         grids = mm_kwargs["grid_thw"]
-        sizes = [t * h * w for t, h, w in _grids(grids)]
-        if list(indices) == list(range(len(sizes))):
+        rows = self._item_rows(mm_kwargs, _grids(grids))
+        if list(indices) == list(range(len(rows))):
             return mm_kwargs
-        starts = [0, *itertools.accumulate(sizes)]
-        pixels = mm_kwargs["pixel_values"]
-        parts = [pixels[starts[i]:starts[i + 1]] for i in indices]
-        return {"pixel_values": torch.cat(parts) if parts else pixels[:0], "grid_thw": grids[list(indices)]}
+        return {"pixel_values": mm_kwargs["pixel_values"], "grid_thw": grids[list(indices)],
+                "item_rows": [rows[i] for i in indices]}
 
     def prepare_encoder_cudagraph_capture_inputs(self, token_budget, max_batch_size, max_frames_per_batch, device,
                                                  dtype, path=DEFAULT_PATH) -> EncoderCudaGraphCaptureInputs:
@@ -193,8 +213,8 @@ class QwenVisionTower:
         return EncoderCudaGraphCaptureInputs(values)
 
     def prepare_encoder_cudagraph_replay_buffers(self, mm_kwargs, max_batch_size, max_frames_per_batch,
-                                                 path=DEFAULT_PATH) -> EncoderCudaGraphReplayBuffers:
-        return EncoderCudaGraphReplayBuffers(self._inputs(mm_kwargs))
+                                                 path=DEFAULT_PATH, out=None) -> EncoderCudaGraphReplayBuffers:
+        return EncoderCudaGraphReplayBuffers(self._inputs(mm_kwargs, out))
 
     def encoder_eager_forward(self, mm_kwargs: dict, path: str = DEFAULT_PATH) -> torch.Tensor:
         longest = max((h * w for _, h, w in _grids(mm_kwargs["grid_thw"])), default=1)
@@ -268,6 +288,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     half = x32.shape[-1] // 2
     rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
     return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+def _out(into: dict[str, torch.Tensor], key: str) -> dict[str, torch.Tensor]:
+    return {"out": into[key]} if key in into else {}
 
 
 def _boundaries(lengths: list[int], device) -> torch.Tensor:
