@@ -139,12 +139,11 @@ class VisionEncoder(nn.Module):
         return self.encoder_cudagraph_forward(inputs)
 
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH) -> torch.Tensor:
-        # [tokens, merge^2, patch_dim + 2] (pixels, then row and column), as [patches, ...]: every matmul sees
-        # 2-D inputs, and the token count stays exact (patches is merge^2 times it)
+        # [tokens, merge^2, ...] buffers as [patches, ...]: every matmul sees 2-D inputs, and the token count
+        # stays the one size (patches is exactly merge^2 times it)
         grouped = inputs["pixel_values"]
-        patches = grouped.flatten(0, 1)
-        x = self.patch_embed(patches[:, :self.cfg.patch_dim])                  # [patches, dim]
-        rows, cols = patches[:, -2:].float().unbind(-1)
+        x = self.patch_embed(grouped.flatten(0, 1))                             # [patches, dim]
+        rows, cols = inputs["positions"].flatten(0, 1).unbind(-1)
         angles = torch.cat([rows[..., None] * self.inv_freq, cols[..., None] * self.inv_freq], dim=-1)
         cos, sin = angles.cos(), angles.sin()
         for block in self.blocks:
@@ -152,12 +151,10 @@ class VisionEncoder(nn.Module):
         x = self.merger_norm(x).reshape(grouped.shape[0], -1)                 # [tokens, merge^2 * dim]
         return self.merger_fc2(F.gelu(self.merger_fc1(x)))
 
-    def _inputs(self, mm_kwargs: dict) -> dict[str, torch.Tensor]:
-        """The forward's buffers at the batch's own size: patches with their positions, frame boundaries.
-
-        Positions ride in the patch buffer's last two columns (exact in bf16 up to 256 patches a side) rather
-        than in tables of their own: one dynamic input, so no relation between inputs' sizes for the compiler to
-        track, and the rotary angles are computed inside the compiled graph.
+    def _inputs(self, mm_kwargs: dict, out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The forward's buffers at the batch's own size: patches, their rows and columns (fp32, a buffer of
+        their own whose token dim the config says is the patches' one), frame boundaries. With `out` (a graph's
+        captured buffers) patches and positions are written straight into their leading rows.
         """
         grids = _grids(mm_kwargs["grid_thw"])
         longest = self.cfg.max_pixels // self.cfg.patch_size ** 2
@@ -167,26 +164,30 @@ class VisionEncoder(nn.Module):
                                  f"({self.cfg.max_pixels} pixels, {longest} patches); resize it or raise max_pixels")
         pixels = mm_kwargs["pixel_values"]
         device = pixels.device
-        positions = [self._frame_positions(h, w, device, pixels.dtype) for t, h, w in grids for _ in range(t)]
+        positions = [self._frame_positions(h, w, device) for t, h, w in grids for _ in range(t)]
         frames = [h * w for t, h, w in grids for _ in range(t)]
         cu = torch.tensor([0, *itertools.accumulate(frames)], dtype=torch.int32).to(device, non_blocking=True)
-        where = torch.cat(positions) if positions else pixels.new_empty(0, 2)
-        patches = torch.cat([pixels, where], dim=-1)
-        return {"pixel_values": patches.view(-1, self.cfg.merge ** 2, patches.shape[-1]), "cu_seqlens": cu}
+        if out is not None and out["pixel_values"].dtype == pixels.dtype:
+            pixels = out["pixel_values"].flatten(0, 1)[:pixels.shape[0]].copy_(pixels)
+        where = out["positions"].flatten(0, 1)[:pixels.shape[0]] if out is not None else None
+        where = torch.cat(positions, out=where) if positions else torch.zeros(0, 2, device=device)
+        unit = self.cfg.merge ** 2
+        return {"pixel_values": pixels.unflatten(0, (-1, unit)), "positions": where.unflatten(0, (-1, unit)),
+                "cu_seqlens": cu}
 
-    def _frame_positions(self, h: int, w: int, device, dtype) -> torch.Tensor:
+    def _frame_positions(self, h: int, w: int, device) -> torch.Tensor:
         key = (h, w, device)
         if key not in self._positions:
             rows, cols = patch_grid(h, w, self.cfg.merge)
-            self._positions[key] = torch.stack([rows, cols], dim=-1).to(device=device, dtype=dtype)
+            self._positions[key] = torch.stack([rows, cols], dim=-1).to(device)
         return self._positions[key]
 
     # ---- SupportsEncoderCudaGraph ----
     def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
         return EncoderCudaGraphConfig(
-            buffer_keys=("pixel_values", "cu_seqlens"),
+            buffer_keys=("pixel_values", "positions", "cu_seqlens"),
             out_hidden_size=self.cfg.out_hidden, modalities=("image", "video"),
-            token_dims={"pixel_values": 0, "cu_seqlens": 0},
+            token_dims={"pixel_values": {0: "tokens"}, "positions": {0: "tokens"}, "cu_seqlens": 0},
             padding_logics={"cu_seqlens": edge_fill}, max_frames_per_video=self.cfg.max_frames_per_video)
 
     def get_encoder_cudagraph_budget_range(self, config) -> tuple[int, int]:
@@ -212,15 +213,16 @@ class VisionEncoder(nn.Module):
     def prepare_encoder_cudagraph_capture_inputs(self, token_budget, max_batch_size, max_frames_per_batch, device,
                                                  dtype, path=DEFAULT_PATH) -> EncoderCudaGraphCaptureInputs:
         return EncoderCudaGraphCaptureInputs({
-            "pixel_values": torch.zeros(token_budget, self.cfg.merge ** 2, self.cfg.patch_dim + 2, device=device,
+            "pixel_values": torch.zeros(token_budget, self.cfg.merge ** 2, self.cfg.patch_dim, device=device,
                                         dtype=dtype),
+            "positions": torch.zeros(token_budget, self.cfg.merge ** 2, 2, device=device),
             # One slot per frame; unused slots repeat the last boundary (empty sequences cost nothing).
             "cu_seqlens": torch.zeros(max_frames_per_batch + 1, dtype=torch.int32, device=device),
         })
 
     def prepare_encoder_cudagraph_replay_buffers(self, mm_kwargs, max_batch_size, max_frames_per_batch,
-                                                 path=DEFAULT_PATH) -> EncoderCudaGraphReplayBuffers:
-        return EncoderCudaGraphReplayBuffers(self._inputs(mm_kwargs))
+                                                 path=DEFAULT_PATH, out=None) -> EncoderCudaGraphReplayBuffers:
+        return EncoderCudaGraphReplayBuffers(self._inputs(mm_kwargs, out))
 
     def encoder_eager_forward(self, mm_kwargs: dict, path: str = DEFAULT_PATH) -> torch.Tensor:
         return self.encoder_cudagraph_forward(self._inputs(mm_kwargs))
