@@ -313,9 +313,10 @@ def _measure(row: str, run, info: dict, model, requests: list[dict], reference: 
             if i == 0:   # before the next call: reduce-overhead outputs live in static buffers
                 diff = _max_diff(_per_item(model, out, kw), reference)
             del out
+    largest = max((r.float().abs().max().item() for r in reference if r.numel()), default=0.0)
     result = {"mean_ms": sum(latencies) / len(latencies), "p50_ms": _percentile(latencies, 50),
               "p99_ms": _percentile(latencies, 99), "untimed_s": untimed_s, "max_abs_diff": diff,
-              "latencies_ms": latencies}
+              "max_abs_reference": largest, "latencies_ms": latencies}
     if manager is not None:
         result.update({k: info[k] for k in ("compile_s", "capture_s", "graphs", "graph_memory_bytes", "budgets")})
         result["setup_s"] = info["setup_s"]
@@ -526,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                 graphs = (f", graph {100 * r['graph_rate']:.0f}%, pad {100 * (r['padding_waste'] or 0):.1f}%, "
                           f"capture {r['capture_s']:.1f} s") if r.get("graph_rate") is not None else ""
                 print(f"  [{s}] {row}: mean {r['mean_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, untimed "
-                      f"{r['untimed_s']:.1f} s, max|diff| {r['max_abs_diff']:.2e}{graphs}", flush=True)
+                      f"{r['untimed_s']:.1f} s, max|diff| {r['max_abs_diff']:.2e} (largest |eager| "
+                      f"{r['max_abs_reference']:.2f}){graphs}", flush=True)
         built.clear()
         _release()
         if row not in unavailable:
