@@ -85,11 +85,13 @@ def test_budgets_items_and_frames_follow_the_config_and_the_model(encoder):
     assert auto.budgets[0] == 4 and auto.budgets[-1] == CFG.max_batch_tokens
     # frames: one slot per 4-token sequence the largest budget can hold, not items x 4 frames per video
     assert auto.max_items == CFG.max_batch_tokens // 4 and auto.max_frames == CFG.max_batch_tokens // 4
-    # The smallest useful budget is the caller's: it sets the first level, the items and the slots, while the
-    # capacity of a budget still counts the model's smallest sequence (4 tokens).
+    # The smallest useful budget is the caller's: it sets the first level, the items, and the slots of every
+    # graph (one per 32 tokens; the largest holds all 8).
     served = EncoderCudaGraphManager(encoder, compile=False, min_budget=32).paths["default"]
     assert served.budgets[0] == 32 and served.budgets[-1] == CFG.max_batch_tokens
-    assert (served.max_items, served.max_frames, served.capacity(32)) == (8, 8, (8, 8))
+    assert (served.max_items, served.max_frames) == (8, 8)
+    assert (served.capacity(32), served.capacity(96), served.capacity(CFG.max_batch_tokens)) == ((1, 1), (3, 3),
+                                                                                                  (8, 8))
     with pytest.raises(ValueError, match="min_budget must be a positive int"):
         EncoderCudaGraphManager(encoder, compile=False, min_budget=0)
     config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[16, 64],

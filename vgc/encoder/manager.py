@@ -62,8 +62,9 @@ class EncoderCudaGraphManager:
     without its graph, when the padding would cost more than the graph saves (large, compute-bound batches).
 
     Serving limits are the caller's, not the model's: `min_budget` (tokens) is the smallest budget worth a graph
-    (default: the model's smallest item, or 1/256 of the largest budget if that is more); the items in one
-    sub-batch default to largest // min_budget (`encoder_cudagraph_max_vision_items_per_batch` overrides), and
+    (default: the model's smallest item, or 1/256 of the largest budget if that is more), and a graph of budget b
+    carries b // min_budget attention slots (the largest: all); the items in one sub-batch default to
+    largest // min_budget (`encoder_cudagraph_max_vision_items_per_batch` overrides), and
     the attention slots of the largest graph to as many, or more where the items' video frames may need them
     but at most one per min_budget tokens (`encoder_cudagraph_max_frames_per_batch` overrides).
     """
@@ -131,7 +132,9 @@ class EncoderCudaGraphManager:
             max_items, min(max_items * max(1, self.model_config.max_frames_per_video), largest // useful))
         if not self.model_config.enable_dual_path_graph:
             budgets = chosen or budget_levels(useful, largest)
-            return {DEFAULT_PATH: PathBudgets(tuple(budgets), max_items, max_frames, unit=smallest)}
+            # slots per graph: one per min_budget tokens (b // 4 slots for 4-token images made chat requests on the
+            # HF Qwen2-VL tower 18% slower on the H200 than b // 64; benchmarks/encoder_slots.py)
+            return {DEFAULT_PATH: PathBudgets(tuple(budgets), max_items, max_frames, unit=useful)}
         paths = {}
         for path in (GLOBAL_PATH, LOCAL_PATH):
             unit = self.model_config.tokens_per_unit(path)

@@ -44,9 +44,9 @@ def budget_levels(smallest: int, largest: int, *, unit: int | None = None, growt
 class PathBudgets:
     """The budgets of one encoder path and what a sub-batch on it may hold.
 
-    `unit` (> 0) is the fewest tokens one attention sequence (image, video frame) can have: a budget of `b`
-    tokens then never holds more than `b // unit` sequences, so its graph is captured with only that many
-    sequence slots (each empty slot still costs attention work). The largest budget holds `max_items` items
+    `unit` (> 0) is the tokens per attention sequence (image, video frame) a budget is sized for: a budget of
+    `b` tokens holds at most `b // unit` sequences, so its graph is captured with only that many sequence slots
+    (each empty slot still costs attention work); a sub-batch of more, smaller sequences takes a larger budget. The largest budget holds `max_items` items
     and `max_frames` sequences whatever `unit` says, so every sub-batch the packer forms fits somewhere.
     """
 
