@@ -260,11 +260,12 @@ class CompilationConfig:
         "most 1.25x the one before (padding <= ~20%), the largest always included.",
         _sorted_ints(1), in_hash=False, factory=list)
     encoder_cudagraph_max_vision_items_per_batch: int = _field(
-        "Encoder CUDA graphs: the most images or videos in one sub-batch; 0 means largest // smallest budget.",
+        "Encoder CUDA graphs: the most images or videos in one sub-batch; 0 means largest budget // the manager's "
+        "min_budget.",
         _int_at_least(0), in_hash=False, default=0)
     encoder_cudagraph_max_frames_per_batch: int | None = _field(
         "Encoder CUDA graphs: the most attention sequences (video frames; an image is one) in one sub-batch; "
-        "None or 0 means items x the model's max frames per video.",
+        "None or 0 means the items, or more where videos may bring more frames, up to largest budget // min_budget.",
         _int_at_least(0, none_ok=True), in_hash=False)
     pass_config: dict[str, bool] = _field(
         "vgc's graph passes, switched by name: 'eliminate_noops' (inside Inductor, per piece), "
