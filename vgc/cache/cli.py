@@ -1,7 +1,7 @@
-"""`vgc cache ls | show | verify | prune | why-miss`: the cache seen from the shell.
+"""`vgc cache ls | show | verify | prune | why-miss | pack | unpack`: the cache seen from the shell.
 
-Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad path; `why-miss`: the
-compile would miss), 2 for a usage error (argparse's, bad `--options` JSON, a hash prefix that names no single
+Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad path or a bad bundle;
+`why-miss`: the compile would miss; `unpack`: the bundle was refused), 2 for a usage error (argparse's, bad `--options` JSON, a hash prefix that names no single
 entry), when `verify` cannot check the root (missing, not a directory, or its own failure), or when `why-miss`
 cannot tell (a traced source file it cannot find: pass `--sources`). Errors are one line,
 never a traceback.
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vgc import envs
+from vgc.cache import bundle as bundles
 from vgc.cache import inventory, layout, saved_traces, verify
 from vgc.cache.keys import cache_key, diff_factors, environment_factors, source_factors
 from vgc.config import CompilationConfig
@@ -37,14 +38,26 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     cache = commands.add_parser("cache", parents=[common, _root_option(None)],
                                 help="inspect and manage the compile cache")
     parents = [common, _root_option(argparse.SUPPRESS)]
-    sub = cache.add_subparsers(dest="cache_command", required=True, metavar="{ls,show,verify,prune,why-miss}")
+    sub = cache.add_subparsers(dest="cache_command", required=True,
+                               metavar="{ls,show,verify,prune,why-miss,pack,unpack}")
     sub.add_parser("ls", parents=parents,
                    help="list entries: hash, size, age, torch, config digest, sources, what tells them apart")
-    show = sub.add_parser("show", parents=parents, help="an entry's key factors, pieces and sizes")
-    show.add_argument("hash", help="the entry's hash or a unique prefix of it")
-    sub.add_parser("verify", parents=parents,
-                   help="check everything a start reads (index, artifacts, locks, Inductor's kernels, trust); "
-                        "exit 1 if anything is bad, 2 if the root cannot be checked")
+    show = sub.add_parser("show", parents=parents, help="an entry's key factors, pieces and sizes, or a bundle's "
+                                                        "manifest")
+    show.add_argument("hash", help="the entry's hash or a unique prefix of it, or a bundle file")
+    check = sub.add_parser("verify", parents=parents,
+                           help="check everything a start reads (index, artifacts, locks, Inductor's kernels, trust), "
+                                "or every byte of a bundle and its fit to this machine; exit 1 if anything is bad, 2 "
+                                "if the root cannot be checked")
+    check.add_argument("bundle", nargs="?", help="a bundle file to check instead of the root")
+    pack = sub.add_parser("pack", parents=parents, help="write entries and the kernels they load to one file")
+    pack.add_argument("hashes", nargs="*", metavar="HASH", help="entries to pack (hash prefixes; default: all)")
+    pack.add_argument("-o", "--output", required=True, help="the bundle file to write")
+    pack.add_argument("--no-kernels", action="store_true",
+                      help="leave Inductor's kernel cache out (the target then builds kernels from the artifacts "
+                           "at its first start, still without compiling)")
+    unpack = sub.add_parser("unpack", parents=parents, help="check a bundle, then install it under the root")
+    unpack.add_argument("bundle", help="the bundle file")
     prune = sub.add_parser("prune", parents=parents,
                            help="remove old entries, then least recently used ones above a size")
     prune.add_argument("--older-than", help="e.g. 12h, 7d, 2w")
@@ -89,9 +102,13 @@ def _run(args: argparse.Namespace) -> int:
     if command == "ls":
         return _ls(root)
     if command == "show":
-        return _show(root, args.hash)
+        return _show_bundle(Path(args.hash)) if Path(args.hash).is_file() else _show(root, args.hash)
     if command == "verify":
-        return _verify(root)
+        return _verify_bundle(Path(args.bundle)) if args.bundle else _verify(root)
+    if command == "pack":
+        return _pack(root, args.hashes, Path(args.output), not args.no_kernels)
+    if command == "unpack":
+        return _unpack(Path(args.bundle), root)
     if command == "prune":
         return _prune(root, args.older_than, args.max_size, args.dry_run)
     return _why_miss(root, args)
@@ -177,6 +194,57 @@ def _verify(root: Path) -> int:
         print(f"info {path}: unindexed (no index record names it; a start ignores it)")
     print(f"{report.artifacts} artifacts in {report.entries} entries checked, {len(report.bad)} bad")
     return 1 if report.bad else 0
+
+
+def _pack(root: Path, hashes: list[str], output: Path, kernels: bool) -> int:
+    manifest = bundles.pack(root, output, hashes, kernels=kernels)
+    files = manifest["files"]
+    print(f"packed {len(manifest['entries'])} entries ({', '.join(sorted(manifest['entries']))}) and "
+          f"{sum(1 for n in files if n.startswith(bundles.INDUCTOR_SUBDIR + '/'))} kernel files: {len(files)} files, "
+          f"{_mib(sum(f['size'] for f in files.values()))} -> {output}")
+    return 0
+
+
+def _print_problems(path: Path, problems: list[str]) -> None:
+    for problem in problems:
+        print(f"BAD  {path}: {problem}")
+
+
+def _unpack(path: Path, root: Path) -> int:
+    try:
+        outcome = bundles.unpack(path, root)
+    except bundles.BundleError as error:
+        _print_problems(path, error.problems)
+        print(f"refused {path}: nothing installed under {root}; a start there compiles as if cold")
+        return 1
+    for entry_hash, what in outcome.items():
+        print(f"{what:9s} {entry_hash}")
+    print(f"unpacked {path} under {root}")
+    return 0
+
+
+def _show_bundle(path: Path) -> int:
+    found = bundles.check(path, environment=False)
+    if not found.manifest:
+        _print_problems(path, found.problems)
+        return 1
+    print(f"bundle {path}: {len(found.entries)} entries, {len(found.manifest['files'])} files, "
+          f"{_mib(found.size_bytes)}, packed by vgc {found.manifest.get('vgc_version')}")
+    for entry_hash, entry in sorted(found.entries.items()):
+        environment = entry["factors"].get("environment", {})
+        print(f"\nentry {entry_hash}, ranks {', '.join(entry['ranks'])}")
+        print(json.dumps(environment, indent=2, sort_keys=True))
+    _print_problems(path, found.problems)
+    return 1 if found.problems else 0
+
+
+def _verify_bundle(path: Path) -> int:
+    found = bundles.check(path)
+    _print_problems(path, found.problems)
+    files = len(found.manifest.get("files", {}))
+    print(f"{files} files in {len(found.entries)} entries checked, {len(found.problems)} problems"
+          + ("" if found.problems else "; it can be unpacked here"))
+    return 1 if found.problems else 0
 
 
 def _prune(root: Path, older_than: str | None, max_size: str | None, dry_run: bool) -> int:
