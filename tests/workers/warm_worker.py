@@ -2,7 +2,8 @@
 report as JSON. The model comes from a file (`--model-file`, defining `build()` and `inputs(n)`) or is the tiny
 reference decoder.
 
-usage: python warm_worker.py [--model-file PATH]   (the cache root comes from VGC_CACHE_ROOT)
+usage: python warm_worker.py [--model-file PATH] [--outputs PATH]   (the cache root comes from VGC_CACHE_ROOT;
+--outputs saves the compiled outputs, for comparing processes exactly)
 """
 
 import argparse
@@ -34,6 +35,7 @@ def tiny_decoder():
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-file")
+    parser.add_argument("--outputs")
     args = parser.parse_args()
     warnings = WarningRecorder()
     import logging
@@ -41,7 +43,7 @@ def main() -> None:
     model, inputs = load_model_file(args.model_file) if args.model_file else tiny_decoder()
     compiled = vgc.compile(model)
     report = compiled.warmup(inputs)
-    max_diff = 0.0
+    max_diff, outputs = 0.0, {}
     with torch.no_grad():
         for n in (1, 3, 16, 21):
             batch = inputs(n)
@@ -50,6 +52,9 @@ def main() -> None:
             if not isinstance(out, torch.Tensor):   # a transformers model's output
                 eager, out = eager.last_hidden_state, out.last_hidden_state
             max_diff = max(max_diff, (out - eager).abs().max().item())
+            outputs[n] = out.clone()
+    if args.outputs:
+        torch.save(outputs, args.outputs)
     print(json.dumps({"counters": vgc.counters.as_dict(), "trace_source": compiled.trace_source,
                       "max_diff": max_diff, "seconds": report["seconds"], "warnings": warnings.messages}))
 
