@@ -2,8 +2,10 @@
 
 Cold: every compile cache the process touches starts empty in a new directory: vgc's root, Inductor's cache (under
 the root), Triton's (`TRITON_CACHE_DIR`) and CUDA's PTX cache (`CUDA_CACHE_PATH`). Warm: the same directories
-again, so the saved trace and every artifact load. The table prints each phase and counts Dynamo traces and
-Inductor calls.
+again, so the saved trace and every artifact load. Bundle: what a deployment sees, the root packed into one file
+(`vgc cache pack`), unpacked under a new root, and a process started there with every other cache empty. The table
+prints each phase and counts Dynamo traces and Inductor calls; "after build" is the first output less the import
+and the model's construction, what vgc adds to a start.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cudagraph-mode", choices=MODES, default="none",
                         help="capture CUDA graphs in warmup() too (CUDA only); default none")
     parser.add_argument("--warm-runs", type=int, default=2)
+    parser.add_argument("--no-bundle", action="store_true", help="skip the bundle row (pack, unpack, start)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -108,11 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     warms = [_run_child(model_name, device, args.cudagraph_mode, root) for _ in range(args.warm_runs)]
     warm = min(warms, key=lambda r: r["warmup_s"])
     rows = [("cold", cold)] + [(f"warm {i + 1}", r) for i, r in enumerate(warms)]
+    deployment = None if args.no_bundle else _deploy(model_name, device, args.cudagraph_mode, root)
+    if deployment is not None:
+        rows.append(("bundle", deployment["run"]))
     print(f"{'run':8s}" + "".join(f"{title:>15s}" for title, _ in COLUMNS)
-          + f"{'Dynamo traces':>15s}{'Inductor calls':>15s}{'loaded':>8s}")
+          + f"{'after build':>15s}{'Dynamo traces':>15s}{'Inductor calls':>15s}{'loaded':>8s}")
     for name, r in rows:
-        print(f"{name:8s}" + "".join(f"{r[key]:14.2f}s" for _, key in COLUMNS)
+        after_build = r["first_output_s"] - r["import_s"] - r["model_s"]
+        print(f"{name:8s}" + "".join(f"{r[key]:14.2f}s" for _, key in COLUMNS) + f"{after_build:14.2f}s"
               + f"{r['dynamo_traces']:15d}{r['inductor_compiles']:15d}{r['artifacts_loaded']:8d}")
+    if deployment is not None:
+        print(f"bundle: {deployment['mib']:.1f} MiB, packed in {deployment['pack_s']:.2f} s, unpacked under a new "
+              f"root in {deployment['unpack_s']:.2f} s")
     no_capture = lambda r: r["warmup_s"] - r["capture_s"]  # noqa: E731
     first_output = warm["first_output_s"] / cold["first_output_s"]
     print(f"best warm / cold: warmup() without capture {no_capture(warm):.2f} s / {no_capture(cold):.2f} s = "
@@ -120,8 +130,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": model_name, "device": device, "torch": torch.__version__,
-                       "cudagraph_mode": args.cudagraph_mode, "cold": cold, "warm": warms}, f, indent=1)
+                       "cudagraph_mode": args.cudagraph_mode, "cold": cold, "warm": warms,
+                       "bundle": deployment}, f, indent=1)
     return 0
+
+
+def _deploy(model_name: str, device: str, mode: str, root: str) -> dict:
+    """Pack the warm root, unpack it under a new root whose other caches are empty, start a process there."""
+    from vgc.cache import bundle
+
+    path = os.path.join(root, "deployment.vgcb")
+    start = time.perf_counter()
+    bundle.pack(cache_dirs(root)["VGC_CACHE_ROOT"], path)
+    pack_s = time.perf_counter() - start
+    target = tempfile.mkdtemp(prefix="vgc-bench-deployment-")
+    start = time.perf_counter()
+    bundle.unpack(path, cache_dirs(target)["VGC_CACHE_ROOT"])
+    unpack_s = time.perf_counter() - start
+    return {"pack_s": pack_s, "unpack_s": unpack_s, "mib": os.path.getsize(path) / 2 ** 20,
+            "run": _run_child(model_name, device, mode, target)}
 
 
 if __name__ == "__main__":
