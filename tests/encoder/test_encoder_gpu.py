@@ -77,7 +77,7 @@ def test_items_over_every_budget_fall_back_to_eager(small_vit):
 def test_transformers_towers_through_the_shipped_adapter_equal_their_own_forward(family, tmp_path, monkeypatch):
     """An unmodified transformers tower (small width, Qwen's patching and windows), bf16, real budget graphs around
     flash varlen attention: every item within bf16 tolerance of the tower's own (SDPA) forward."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from vgc.integrations.transformers import encoder_manager
 
     monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path))

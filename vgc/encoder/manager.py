@@ -21,8 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from vgc import _compat, cuda_runtime  # module attribute access: tests substitute capture()
-from vgc import log
+from vgc import _compat, cuda_runtime, log  # module attribute access: tests substitute capture()
 from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
