@@ -40,20 +40,14 @@ def qwen2_5_vl():
     return Qwen2_5_VisionTransformerPretrainedModel(config).eval()
 
 
-def siglip():
-    config = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                             num_attention_heads=2, image_size=16, patch_size=4,
-                                             attn_implementation="sdpa")
+def fixed_size_tower(family: str):
+    """SigLIP's or CLIP's vision model: 16x16-pixel images of 4x4-pixel patches."""
+    config_class, model_class = {"siglip": (transformers.SiglipVisionConfig, transformers.SiglipVisionModel),
+                                 "clip": (transformers.CLIPVisionConfig, transformers.CLIPVisionModel)}[family]
+    config = config_class(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          image_size=16, patch_size=4, attn_implementation="sdpa")
     torch.manual_seed(0)
-    return transformers.SiglipVisionModel(config).eval()
-
-
-def clip():
-    config = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=2, image_size=16, patch_size=4,
-                                           attn_implementation="sdpa")
-    torch.manual_seed(0)
-    return transformers.CLIPVisionModel(config).eval()
+    return model_class(config).eval()
 
 
 QWEN_OPTIONS = dict(max_frame_pixels=96 * 96, min_pixels=16 * 16, max_batch_tokens=256)
@@ -99,9 +93,9 @@ def test_qwen_adapters_give_the_towers_own_outputs_per_item(make):
     assert {n: p.data_ptr() for n, p in tower.named_parameters()} == weights   # used in place, never copied
 
 
-@pytest.mark.parametrize("make", [siglip, clip], ids=["siglip", "clip"])
-def test_fixed_size_adapters_give_the_towers_own_outputs_per_image(make):
-    tower = make()
+@pytest.mark.parametrize("family", ["siglip", "clip"])
+def test_fixed_size_adapters_give_the_towers_own_outputs_per_image(family):
+    tower = fixed_size_tower(family)
     adapter = vision_adapter(tower)
     pixels = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     specs = adapter.get_encoder_cudagraph_item_specs({"pixel_values": pixels})
@@ -146,7 +140,7 @@ def test_a_qwen2_5_vl_tower_is_one_line_from_compiled_budget_graphs(simulated_ca
 
 
 def test_a_siglip_tower_graph_runs_its_own_forward_compiled(simulated_capture, fresh_counters, no_cache):
-    tower = siglip()
+    tower = fixed_size_tower("siglip")
     config = vgc.CompilationConfig(cudagraph_mm_encoder=True)
     manager = encoder_manager(tower, config, adapter_options={"max_images": 4})
     manager.capture()

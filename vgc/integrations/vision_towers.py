@@ -56,7 +56,21 @@ def encoder_manager(tower: nn.Module, config: CompilationConfig | None = None, *
     return EncoderCudaGraphManager(vision_adapter(tower, **(adapter_options or {})), config, **manager_options)
 
 
-class QwenVisionTower:
+class _TowerAdapter:
+    """Where the tower's weights are: the manager takes the encoder's device and dtype from here."""
+
+    tower: nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.tower.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.tower.parameters()).dtype
+
+
+class QwenVisionTower(_TowerAdapter):
     """`SupportsEncoderCudaGraph` for the Qwen2-VL and Qwen2.5-VL vision towers of transformers.
 
     `max_frame_pixels`: the largest frame (image, video frame) a graph serves; the attention kernel is captured
@@ -85,14 +99,6 @@ class QwenVisionTower:
         self.max_frames_per_video = max_frames_per_video
         self.out_hidden = tower.merger.mlp[-1].out_features
         self._layouts: dict[tuple, torch.Tensor] = {}
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.tower.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.tower.parameters()).dtype
 
     # ---- the forward over fixed-shape buffers ----
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH,
@@ -302,7 +308,7 @@ def _grids(grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:
     return [tuple(row) for row in grid_thw.tolist()]
 
 
-class FixedImageTower:
+class FixedImageTower(_TowerAdapter):
     """`SupportsEncoderCudaGraph` for vision towers of one image size (transformers' SigLIP and CLIP vision
     models): each image is `tokens_per_image` rows of `last_hidden_state`, a budget is a number of images, and
     the graph forward is the tower's own forward over a batch of them."""
@@ -315,14 +321,6 @@ class FixedImageTower:
         self.tokens_per_image = inner.embeddings.num_positions
         self.hidden = config.hidden_size
         self.max_images = max_images
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.tower.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.tower.parameters()).dtype
 
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH) -> torch.Tensor:
         return self.tower(pixel_values=inputs["pixel_values"]).last_hidden_state.flatten(0, 1)
