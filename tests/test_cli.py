@@ -87,7 +87,7 @@ def test_cache_without_a_command_names_the_commands(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["cache"])
     assert exit_info.value.code == 2
-    assert "required: {ls,show,verify,prune,why-miss}" in capsys.readouterr().err
+    assert "required: {ls,show,verify,prune,why-miss,pack,unpack}" in capsys.readouterr().err
 
 
 def test_version(capsys):

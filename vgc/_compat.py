@@ -553,6 +553,10 @@ def within_tracing_context(context):
 
 
 _GUARD_ROOT = re.compile(r"[A-Za-z_]\w*")
+# A function's default values are its code's constants: the entry's source hash pins them. Guards that reach them
+# through closures may also name objects a library builds lazily (transformers 5.25 with `kernels` installed wraps
+# functions per module at first call), so a fresh process cannot even evaluate them before its first call.
+_FUNCTION_DEFAULTS = re.compile(r"\.__(kw)?defaults__\b")
 
 
 def model_state_guard_filter(argument_names: set[str]) -> Callable:
@@ -575,6 +579,7 @@ def model_state_guard_filter(argument_names: set[str]) -> Callable:
             root = _GUARD_ROOT.match(entry.name)
             types = {entry.guard_type, *getattr(entry, "derived_guard_types", ())}
             kept.append(not types & unsupported and not getattr(entry.orig_guard, "_unserializable", False)
+                        and not _FUNCTION_DEFAULTS.search(entry.name)
                         and (entry.is_global or root is None or root[0] not in argument_names))
         return kept
     return keep
