@@ -313,3 +313,21 @@ def test_forget_size_history_keeps_compiled_code_and_forgets_dims_seen_varying(f
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     torch.testing.assert_close(compiled(torch.ones(5)), torch.full((5,), 2.0))   # still compiled: no new graph
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
+
+
+def test_saved_traces_keep_model_state_guards_and_drop_function_defaults():
+    """What a saved trace re-checks in the next process: the model's attribute values and globals; not functions'
+    default values (code, pinned by the source hash, and not always built yet in a fresh process: transformers
+    5.25's per-module kernel wrappers) nor tensors (vgc checks weights itself)."""
+    from types import SimpleNamespace
+
+    def entry(name, is_global=False, guard_type="EQUALS_MATCH"):
+        return SimpleNamespace(name=name, guard_type=guard_type, derived_guard_types=(), is_global=is_global,
+                               orig_guard=SimpleNamespace())
+
+    keep = _compat.model_state_guard_filter({"input_ids"})
+    entries = [entry("L['self'].scale"), entry("G['EPS']", is_global=True),
+               entry("L['self'].forward.__defaults__[0]"),
+               entry("L['self'].fn.__closure__[0].cell_contents.__kwdefaults__['x']"),
+               entry("L['self'].weight", guard_type="TENSOR_MATCH")]
+    assert keep(entries) == [True, True, False, False, False]
