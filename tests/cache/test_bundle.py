@@ -230,3 +230,26 @@ def test_every_damaged_or_foreign_bundle_is_refused_with_its_reason_and_installs
         assert inventory.entries(root) == [], name
     assert not (tmp_path / "escape.py").exists() and not list(root.glob(".vgc-*"))
     assert not list(root.rglob("link"))
+
+
+def test_a_full_disk_while_unpacking_is_named_and_installs_nothing(packed, tmp_path, monkeypatch, capsys):
+    _, bundle, _ = packed
+    root = tmp_path / "root"
+    written, write = [], bundles._write_chunk
+
+    class FullDisk:
+        def write(self, chunk):
+            raise OSError(28, os.strerror(28))
+
+    def full_after_two(target, chunk):   # the third file's write finds the disk full
+        if len(written) == 2:
+            return write(FullDisk(), chunk)
+        written.append(len(chunk))
+        return write(target, chunk)
+
+    monkeypatch.setattr(bundles, "_write_chunk", full_after_two)
+    assert vgc_main(["cache", "--root", str(root), "unpack", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    assert "cannot be extracted under the root (No space left on device)" in out and "nothing installed" in out
+    assert inventory.entries(root) == [] and not list(root.glob(".vgc-*"))
+

@@ -279,7 +279,7 @@ def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], i
                     h.update(chunk)
                     size += len(chunk)
                     if target is not None:
-                        target.write(chunk)
+                        _write_chunk(target, chunk)
                     if keep and size <= _MANIFEST_LIMIT:
                         kept += chunk
             finally:
@@ -290,6 +290,9 @@ def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], i
                 problems.append(f"{name} does not match the manifest's content hash (the bundle is damaged)")
             elif keep:
                 factors[name] = bytes(kept)
+    except _ExtractError as error:
+        problems.append(f"cannot be extracted under the root ({error}); free space there or pick another root")
+        return factors
     except (tarfile.TarError, EOFError, OSError) as error:
         problems.append(f"is cut short or damaged ({type(error).__name__}: {error})")
         return factors
@@ -297,6 +300,17 @@ def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], i
     if missing:
         problems.append(f"{len(missing)} file(s) in the manifest are missing from the bundle, e.g. {missing[0]}")
     return factors
+
+
+class _ExtractError(Exception):
+    """Writing an extracted file failed (a full disk, a read-only root): the root's problem, not the bundle's."""
+
+
+def _write_chunk(target, chunk: bytes) -> None:
+    try:
+        target.write(chunk)
+    except OSError as error:
+        raise _ExtractError(error.strerror or str(error)) from error
 
 
 def _consistency_problems(manifest: dict[str, Any], read_factors) -> list[str]:
