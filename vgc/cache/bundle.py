@@ -34,9 +34,9 @@ from filelock import FileLock
 from vgc._version import __version__
 from vgc.cache import inventory, verify
 from vgc.cache.keys import diff_factors, environment_factors
-from vgc.cache.layout import CACHE_SUBDIR, FACTORS_FILE, LOCK_DIR, make_private_dirs, untrusted_reason
+from vgc.cache.layout import atomic_file, CACHE_SUBDIR, FACTORS_FILE, LOCK_DIR, make_private_dirs, untrusted_reason
 from vgc.cache.recovery import INDUCTOR_SUBDIR
-from vgc.cache.store import factors_problem
+from vgc.cache.store import content_hash, factors_problem
 
 BUNDLE_FORMAT = "vgc-cache-bundle"
 BUNDLE_VERSION = 1
@@ -87,15 +87,6 @@ def _files_under(root: Path, top: Path) -> list[tuple[str, Path]]:
     return found
 
 
-def _digest(path: Path) -> tuple[int, str]:
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
-
-
 def _member(name: str, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o600, 0, 0, "", ""
@@ -103,22 +94,15 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
 
 
 def select_entries(root: Path, prefixes: Iterable[str] = ()) -> list[inventory.Entry]:
-    """The entries named by hash prefixes (each naming exactly one), or every entry of the root."""
-    every = sorted(inventory.entries(root), key=lambda e: e.hash)
+    """The entries named by hash prefixes (each naming exactly one, as `vgc cache show` takes them), or every entry
+    of the root."""
     prefixes = list(prefixes)
-    if not prefixes:
-        if not every:
-            raise LookupError(f"no cache entries under {root / CACHE_SUBDIR}")
-        return every
-    chosen = []
-    for prefix in prefixes:
-        matches = [e for e in every if e.hash.startswith(prefix)]
-        if len(matches) != 1:
-            raise LookupError(f"{prefix!r} names {len(matches)} entries under {root / CACHE_SUBDIR}; give a prefix "
-                              "that names exactly one (vgc cache ls lists them)")
-        if matches[0] not in chosen:
-            chosen.append(matches[0])
-    return chosen
+    if prefixes:
+        return list({e.hash: e for e in (inventory.find_entry(root, p) for p in prefixes)}.values())
+    every = sorted(inventory.entries(root), key=lambda e: e.hash)
+    if not every:
+        raise LookupError(f"no cache entries under {root / CACHE_SUBDIR}")
+    return every
 
 
 def pack(root: Path, output: Path, prefixes: Iterable[str] = (), *, kernels: bool = True) -> dict[str, Any]:
@@ -142,23 +126,16 @@ def pack(root: Path, output: Path, prefixes: Iterable[str] = (), *, kernels: boo
         files += _files_under(root, entry.path)
     if kernels and (root / INDUCTOR_SUBDIR).is_dir():
         files += _files_under(root, root / INDUCTOR_SUBDIR)
-    listed = {name: dict(zip(("size", "sha256"), _digest(path))) for name, path in files}
+    listed = {name: {"size": path.stat().st_size, "sha256": content_hash(path)} for name, path in files}
     manifest = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "vgc_version": __version__,
                 "entries": entries, "files": listed}
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
     output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            tar.addfile(_member(MANIFEST_NAME, len(text)), io.BytesIO(text))
-            for name, path in files:
-                with open(path, "rb") as f:
-                    tar.addfile(_member(name, listed[name]["size"]), f)
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(output) as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_member(MANIFEST_NAME, len(text)), io.BytesIO(text))
+        for name, path in files:
+            with open(path, "rb") as f:
+                tar.addfile(_member(name, listed[name]["size"]), f)
     return manifest
 
 

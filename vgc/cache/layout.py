@@ -3,6 +3,7 @@ loaded from it, and how files appear there (private directories, whole files or 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -61,17 +62,25 @@ def make_private_dirs(path: Path) -> None:
             pass
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all. A directory standing at `path` (vgc's own file names only) is removed
-    first: os.replace cannot put a file over it, and it would fail every later write the same way."""
+@contextlib.contextmanager
+def atomic_file(path: Path):
+    """A binary file object whose contents appear at `path` whole when the block ends, or not at all. A directory
+    standing at `path` (vgc's own file names only) is removed first: os.replace cannot put a file over it, and it
+    would fail every later write the same way."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all (`atomic_file`)."""
+    with atomic_file(path) as f:
+        f.write(data)
