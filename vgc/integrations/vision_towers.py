@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from vgc import ops  # noqa: F401  (registers torch.ops.vgc.varlen_attention)
 from vgc.config import CompilationConfig
 from vgc.encoder import (DEFAULT_PATH, edge_fill, EncoderCudaGraphCaptureInputs, EncoderCudaGraphConfig,
                          EncoderCudaGraphManager, EncoderCudaGraphReplayBuffers, EncoderItemSpec, split_by_tokens)
+from vgc.models.vit import patch_grid
 
 __all__ = ["QwenVisionTower", "FixedImageTower", "encoder_manager", "vision_adapter"]
 
@@ -98,7 +99,6 @@ class QwenVisionTower(_TowerAdapter):
         self.max_batch_tokens = max_batch_tokens
         self.max_frames_per_video = max_frames_per_video
         self.out_hidden = tower.merger.mlp[-1].out_features
-        self._layouts: dict[tuple, torch.Tensor] = {}
 
     # ---- the forward over fixed-shape buffers ----
     def encoder_cudagraph_forward(self, inputs: dict[str, torch.Tensor], path: str = DEFAULT_PATH,
@@ -168,11 +168,8 @@ class QwenVisionTower(_TowerAdapter):
         starts = list(itertools.accumulate((t * h * w for t, h, w in grids), initial=0))
         return list(zip(starts[:-1], starts[1:]))
 
-    def _layout(self, t: int, h: int, w: int, device) -> "_Layout":
-        key = (t, h, w, device)
-        if key not in self._layouts:
-            self._layouts[key] = _Layout.of(t, h, w, self.merge, self.window, device)
-        return self._layouts[key]
+    def _layout(self, t: int, h: int, w: int, device) -> _Layout:
+        return _layout(t, h, w, self.merge, self.window, device)
 
     # ---- SupportsEncoderCudaGraph ----
     def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
@@ -241,37 +238,27 @@ class QwenVisionTower(_TowerAdapter):
         return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
-class _Layout:
+class _Layout(NamedTuple):
     """One grid's patch order (window order for window attention), rotary positions in that order, window sizes
     in patches, and the token order that undoes the windows."""
-
-    def __init__(self, order, positions, windows, reverse):
-        self.order, self.positions, self.windows, self.reverse = order, positions, windows, reverse
-
-    @classmethod
-    def of(cls, t: int, h: int, w: int, merge: int, window: int, device) -> "_Layout":
-        if h % merge or w % merge:
-            raise ValueError(f"a frame of {h}x{w} patches does not split into {merge}x{merge} merge windows")
-        rows, cols = _merge_order(h, w, merge)
-        positions = torch.stack([rows, cols], dim=-1).repeat(t, 1)             # [t*h*w, 2], merge-window order
-        unit = merge * merge
-        tokens = torch.arange(t * (h // merge) * (w // merge))
-        windows: list[int] = []
-        if window:
-            tokens, sizes = _window_order(t, h // merge, w // merge, window)
-            windows = [n * unit for n in sizes]
-        order = (tokens[:, None] * unit + torch.arange(unit)).reshape(-1)      # patches of each token, in order
-        return cls(order.to(device), positions[order].to(device), windows, torch.argsort(tokens).to(device))
+    order: torch.Tensor
+    positions: torch.Tensor
+    windows: list[int]
+    reverse: torch.Tensor
 
 
 @functools.lru_cache(maxsize=256)
-def _merge_order(h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row and column of each patch of an h x w frame in the processor's order: merge x merge windows row-major,
-    the patches of each window consecutive."""
-    rows = torch.arange(h).view(h // merge, merge, 1, 1).expand(h // merge, merge, w // merge, merge)
-    cols = torch.arange(w).view(1, 1, w // merge, merge).expand(h // merge, merge, w // merge, merge)
-    order = (0, 2, 1, 3)
-    return rows.permute(order).reshape(-1).float(), cols.permute(order).reshape(-1).float()
+def _layout(t: int, h: int, w: int, merge: int, window: int, device) -> _Layout:
+    rows, cols = patch_grid(h, w, merge)                                     # the processor's merge-window order
+    positions = torch.stack([rows, cols], dim=-1).repeat(t, 1)             # [t*h*w, 2]
+    unit = merge * merge
+    tokens = torch.arange(t * (h // merge) * (w // merge))
+    windows: list[int] = []
+    if window:
+        tokens, sizes = _window_order(t, h // merge, w // merge, window)
+        windows = [n * unit for n in sizes]
+    order = (tokens[:, None] * unit + torch.arange(unit)).reshape(-1)      # patches of each token, in order
+    return _Layout(order.to(device), positions[order].to(device), windows, torch.argsort(tokens).to(device))
 
 
 def _window_order(t: int, h: int, w: int, side: int) -> tuple[torch.Tensor, list[int]]:
@@ -364,4 +351,4 @@ class FixedImageTower(_TowerAdapter):
 
     def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The tower's own forward, every image's tokens packed."""
-        return self.tower(pixel_values=pixel_values).last_hidden_state.flatten(0, 1)
+        return self.encoder_cudagraph_forward({"pixel_values": pixel_values})
