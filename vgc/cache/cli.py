@@ -1,8 +1,8 @@
 """`vgc cache ls | show | verify | prune | why-miss | pack | unpack`: the cache seen from the shell.
 
 Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad path or a bad bundle;
-`why-miss`: the compile would miss; `unpack`: the bundle was refused), 2 for a usage error (argparse's, bad `--options` JSON, a hash prefix that names no single
-entry), when `verify` cannot check the root (missing, not a directory, or its own failure), or when `why-miss`
+`why-miss`: the compile would miss; `unpack`: the bundle was refused), 2 for a usage error (argparse's, bad
+`--options` JSON, a hash prefix that names no single entry), when `verify` cannot check the root (missing, not a directory, or its own failure), or when `why-miss`
 cannot tell (a traced source file it cannot find: pass `--sources`). Errors are one line,
 never a traceback.
 """

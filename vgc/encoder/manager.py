@@ -54,11 +54,12 @@ class EncoderCudaGraphManager:
     `compile=False` records the model's own forward instead of vgc's compiled one. When vgc's compile of a path's
     forward fails, `capture()` raises `EncoderCompileError` (`on_compile_failure="raise"`, the default: graphs of
     an uncompiled forward replay, but slower, and that should not pass unnoticed); with
-    `on_compile_failure="model_forward"` it warns and captures the model's own forward for that path. `data_parallel` (default:
-    on when `torch.distributed` is initialised with more than one rank in `group`) shares the items of every
-    `execute` among the ranks, which must all call it with the same batch. `calibrate` (default: on a CUDA
-    device) times every graph against the compiled forward at start-up and runs a sub-batch at its own size,
-    without its graph, when the padding would cost more than the graph saves (large, compute-bound batches).
+    `on_compile_failure="model_forward"` it warns and captures the model's own forward for that path.
+    `data_parallel` (default: on when `torch.distributed` is initialised with more than one rank in `group`)
+    shares the items of every `execute` among the ranks, which must all call it with the same batch. `calibrate`
+    (default: on a CUDA device) times every graph against the compiled forward at start-up and runs a sub-batch
+    at its own size, without its graph, when the padding would cost more than the graph saves (large,
+    compute-bound batches).
 
     Serving limits are the caller's, not the model's: `min_budget` (tokens) is the smallest budget worth a graph
     (default: the model's smallest item, or 1/256 of the largest budget if that is more), and a graph of budget b
@@ -476,8 +477,7 @@ def _placement(model: Any, device: torch.device | str | None, dtype: torch.dtype
 def _leading_view(value: torch.Tensor, buffer: torch.Tensor, dim: int) -> bool:
     """Whether `value` is `buffer`'s leading rows along `dim` (written there in place), not a tensor of its own."""
     return (value.data_ptr() == buffer.data_ptr() and value.dim() == buffer.dim() and
-            value.stride() == buffer.stride() and value.untyped_storage().data_ptr() ==
-            buffer.untyped_storage().data_ptr() and
+            value.stride() == buffer.stride() and
             all(value.shape[d] == buffer.shape[d] for d in range(value.dim()) if d != dim % max(value.dim(), 1)))
 
 

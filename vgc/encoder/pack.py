@@ -46,8 +46,9 @@ class PathBudgets:
 
     `unit` (> 0) is the tokens per attention sequence (image, video frame) a budget is sized for: a budget of
     `b` tokens holds at most `b // unit` sequences, so its graph is captured with only that many sequence slots
-    (each empty slot still costs attention work); a sub-batch of more, smaller sequences takes a larger budget. The largest budget holds `max_items` items
-    and `max_frames` sequences whatever `unit` says, so every sub-batch the packer forms fits somewhere.
+    (each empty slot still costs attention work); a sub-batch of more, smaller sequences takes a larger budget.
+    The largest budget holds `max_items` items and `max_frames` sequences whatever `unit` says, so every
+    sub-batch the packer forms fits somewhere.
     """
 
     budgets: tuple[int, ...]
