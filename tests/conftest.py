@@ -26,6 +26,13 @@ from simulated_graphs import install_simulated_capture  # noqa: E402  (tests/ is
 FP32_TOL = dict(atol=2e-5, rtol=2e-5)
 
 
+def items_close(got: list, want: list, **tol) -> None:
+    """Per-item outputs (an encoder's images and videos) as many as expected, each equal within `tol`."""
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w, **tol, msg=f"item {i}")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

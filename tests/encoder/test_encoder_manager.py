@@ -2,6 +2,7 @@
 vgc-compiled forwards from the compile cache, data-parallel sharding over gloo. tests/test_gpu.py runs real
 graphs on CUDA."""
 
+import functools
 import os
 import random
 
@@ -13,6 +14,7 @@ import vgc
 from vgc.encoder import EncoderCompileError, EncoderCudaGraphManager, SupportsEncoderCudaGraph
 from vgc.encoder.data_parallel import balance
 from vgc.models import vit
+from conftest import items_close
 
 # fp32: graph replays pad with zeros and compiled pieces reorder reductions; both change rounding only.
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -31,10 +33,7 @@ def eager_items(model, mm):
     return list(torch.split(out, [s.output_tokens for s in model.get_encoder_cudagraph_item_specs(mm)]))
 
 
-def assert_items_close(got, want):
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
-        torch.testing.assert_close(g, w, **TOL, msg=f"item {i}")
+assert_items_close = functools.partial(items_close, **TOL)
 
 
 def random_request(rng, videos=False):

@@ -1,6 +1,8 @@
 """The reference two-tower encoder (`vgc.models.two_tower`) and the manager's dual-path graphs on the CPU: capture
 and replay through the graph stand-in (`simulated_cuda`), compared item by item with the model's eager forward."""
 
+import functools
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ import vgc
 from vgc.encoder import EncoderCudaGraphManager, SupportsEncoderCudaGraph
 from vgc.models import two_tower
 from vgc.models.vit import patch_grid
+from conftest import items_close
 
 # fp32: graph replays pad with zero views and compiled towers reorder reductions; both change rounding only.
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -25,10 +28,7 @@ def eager(model, mm):
         return model(**mm)
 
 
-def assert_items_close(got, want):
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
-        torch.testing.assert_close(g, w, **TOL, msg=f"item {i}")
+assert_items_close = functools.partial(items_close, **TOL)
 
 
 def deltas(before):

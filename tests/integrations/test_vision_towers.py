@@ -2,12 +2,15 @@
 with seeded random weights, compared item by item with their own forward; the manager compiled by vgc and
 replayed through the graph stand-in (`simulated_capture`)."""
 
+import functools
+
 import pytest
 import torch
 
 import vgc
 from vgc.encoder import EncoderCudaGraphConfig, SupportsEncoderCudaGraph
 from vgc.integrations.transformers import encoder_manager, vision_adapter
+from conftest import items_close
 
 transformers = pytest.importorskip("transformers")
 
@@ -68,10 +71,7 @@ def tower_items(adapter, mm):
     return list(torch.split(out, [s.output_tokens for s in adapter.get_encoder_cudagraph_item_specs(mm)]))
 
 
-def assert_items_close(got, want):
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
-        torch.testing.assert_close(g, w, **TOL, msg=f"item {i}")
+assert_items_close = functools.partial(items_close, **TOL)
 
 
 # Frames of 2x2 .. 12x16 patches (edge windows smaller than 4x4 tokens), a two-frame video, one item alone.
