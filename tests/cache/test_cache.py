@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._inductor.codecache as codecache
 
 import vgc
 from vgc import envs
@@ -60,6 +61,10 @@ def test_second_process_loads_every_artifact_without_inductor(cold_then_warm):
     assert warm["counters"]["dynamo_traces"] == 0 and warm["counters"]["traces_loaded"] == 1
     assert (cold["trace_source"], warm["trace_source"]) == ("traced", "saved")
     assert cold["max_diff"] < 1e-4 and warm["max_diff"] < 1e-4
+    # the warm process took Inductor's torch key from the cache (where this torch can take one); a wrong key would
+    # have failed every artifact's load and compiled again
+    assert cold["counters"]["torch_keys_remembered"] == 0
+    assert warm["counters"]["torch_keys_remembered"] == int(hasattr(codecache.torch_key, "set"))
     assert warm["cache_dirs"] == cold["cache_dirs"]
 
 

@@ -1,0 +1,64 @@
+"""Inductor's torch source hash, remembered per installation (`vgc/cache/torch_key.py`): the memo's signature
+follows every file the hash reads, a damaged memo is never believed, and a later process takes the right key
+(`tests/cache/test_cache.py` checks that one: its artifacts load, which they would not under a wrong key)."""
+
+import os
+
+import torch._inductor.codecache as codecache
+
+from vgc import _compat
+from vgc.cache import torch_key
+from vgc.cache.layout import TORCH_KEY_DIR
+
+
+def test_the_signature_follows_every_hashed_file_and_nothing_else(tmp_path):
+    package = tmp_path / "torch"
+    (package / "sub").mkdir(parents=True)
+    source, extension, extra = package / "sub" / "a.py", package / "_C.so", tmp_path / "script.ld"
+    for path in (source, extension, extra):
+        path.write_text("x = 1\n")
+    before = torch_key.installation_signature(str(package), [str(extra)])
+    (package / "notes.txt").write_text("not hashed")
+    assert torch_key.installation_signature(str(package), [str(extra)]) == before
+
+    signatures = {before}
+    for path, change in ((source, "x = 22\n"), (extension, "y"), (extra, "z")):
+        path.write_text(change)
+        signatures.add(torch_key.installation_signature(str(package), [str(extra)]))
+    stamp = os.stat(source).st_mtime_ns
+    os.utime(source, ns=(stamp, stamp + 1_000_000))   # same size, touched
+    signatures.add(torch_key.installation_signature(str(package), [str(extra)]))
+    (package / "sub" / "b.py").write_text("")
+    signatures.add(torch_key.installation_signature(str(package), [str(extra)]))
+    extra.unlink()
+    signatures.add(torch_key.installation_signature(str(package), [str(extra)]))
+    assert len(signatures) == 7
+
+
+def test_a_damaged_memo_is_not_believed_and_is_written_again(tmp_path):
+    key = _compat.torch_key()
+    assert torch_key._decode(torch_key._encode(key)) == key
+    text = torch_key._encode(key)
+    flipped = text[:5] + (b"0" if text[5:6] != b"0" else b"1") + text[6:]
+    for damaged in (flipped, text[:20], b"", b"\xff\xfe", b"zz " + text.split()[1], text.replace(b" ", b"")):
+        assert torch_key._decode(damaged) is None, damaged
+
+    package_dir, extra_files = _compat.torch_key_hashed_files()
+    memo = tmp_path / TORCH_KEY_DIR / torch_key.installation_signature(package_dir, extra_files)
+    memo.parent.mkdir()
+    memo.write_bytes(flipped)
+    # this process already knows its key, so nothing is preset; the damaged memo is replaced by the true key
+    assert torch_key.remember_torch_key.__wrapped__(tmp_path) is False
+    assert torch_key._decode(memo.read_bytes()) == key
+
+
+def test_a_torch_whose_key_cannot_be_set_computes_it(monkeypatch):
+    computed = []
+
+    def plain_key():   # a functools.cache-style key: no set()
+        computed.append(1)
+        return b"k" * 32
+
+    monkeypatch.setattr(codecache, "torch_key", plain_key)
+    assert _compat.preset_torch_key(b"x" * 32) is False
+    assert _compat.torch_key() == b"k" * 32 and computed == [1]
