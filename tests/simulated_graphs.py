@@ -37,18 +37,23 @@ def install_simulated_capture(setattr=setattr) -> None:
     captured, `runtime.stream_capturing()` says so, as it would on a GPU. `setattr`: monkeypatch's, in a test;
     the builtin in a worker process, which keeps it to its end."""
     capturing = [False]
+    # Graph memory, simulated: a captured graph keeps its outputs in the pool, so the pool grows by their bytes.
+    pool = {"bytes": 0}
 
-    def capture(fn, pool):
+    def capture(fn, pool_handle):
         capturing[0] = True
         try:
             outputs = fn()
         finally:
             capturing[0] = False
+        pool["bytes"] += sum(t.numel() * t.element_size() for t in output_tensors(outputs))
         return RecordedGraph(fn, outputs, capturing), outputs
 
     setattr(cuda_runtime, "stream_capturing", lambda: capturing[0])
     setattr(cuda_runtime, "capture", capture)
     setattr(cuda_runtime, "synchronize", lambda device: None)
-    setattr(cuda_runtime, "reserved_bytes", lambda device: 0)
+    for name in ("reserved_bytes", "peak_reserved_bytes", "allocated_bytes", "peak_allocated_bytes"):
+        setattr(cuda_runtime, name, lambda device: pool["bytes"])
+    setattr(cuda_runtime, "reset_peak_memory", lambda device: None)
     setattr(cuda_runtime, "new_pool", lambda: None)
     setattr(cuda_runtime, "graphs_supported", lambda device: True)

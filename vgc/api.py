@@ -23,6 +23,7 @@ from vgc.capture.contract import (argument_specs, check_dynamic_arg_dims, DimSpe
 from vgc.capture.paths import argument_tensors, InputMismatchError
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
+from vgc.cudagraph import traffic
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.distributed import RankFailedError, StartCheckIn
 from vgc.trace_once import TraceOnceBackend, TraceSession
@@ -35,9 +36,15 @@ class CompiledModel:
 
     def __init__(self, model: Callable, config: CompilationConfig | dict | None = None,
                  dynamic_arg_dims: dict[str, DimSpec] | None = None, pad_values: dict[str, Any] | None = None,
-                 uniform_decode: Callable[[dict], bool] | None = None):
+                 uniform_decode: Callable[[dict], bool] | None = None, record: str | None = None):
         self.model = model
         self.config = _as_config(config)
+        # a profile is checked now: a bad file fails vgc.compile(), not the start it would shape
+        self.profile = traffic.load_profile(self.config.cudagraph_traffic_profile, "decoder") \
+            if self.config.cudagraph_traffic_profile else None
+        self.recorder = traffic.TrafficRecorder(record, "decoder") if record is not None else None
+        self._size_of: tuple[str, int] | None = None   # (argument, dim) whose extent a recorded call's size is
+        self._warming = False   # warm-up's own calls are not traffic
         forward = model.forward if isinstance(model, torch.nn.Module) else model
         self._signature = inspect.signature(forward)
         # The parameters, in order, when each can be passed by keyword (no *args, **kwargs or positional-only).
@@ -69,6 +76,8 @@ class CompiledModel:
         if self.contract is None:
             return self._start(args, kwargs)
         arguments = self._bind(args, kwargs)
+        if self.recorder is not None and not self._warming and self._size_of is not None:
+            self._record(arguments)
         try:
             self.contract.check(arguments)
         except InputMismatchError as e:
@@ -93,6 +102,14 @@ class CompiledModel:
             if self._uncovered else ""
         raise InputMismatchError(f"{refusal}. No compile range serves this call either (they cover make_inputs "
                                  f"sizes {covered}{missing})") from None
+
+    def _record(self, arguments: dict[str, Any]) -> None:
+        name, dim = self._size_of
+        size = arguments[name].shape[dim]
+        if self.uniform_decode is None:
+            self.recorder.add("calls", size)
+        else:
+            self.recorder.add("uniform_decode" if self.uniform_decode(arguments) else "other", size)
 
     def _call_arguments(self, arguments: dict[str, Any]):
         bound = inspect.BoundArguments(self._signature, arguments)   # positional-only and *args stay positional
@@ -157,8 +174,13 @@ class CompiledModel:
                 self.backend.graphs.clear()
                 raise
         graph_mode, graphs = self._graph_mode(torch.device(graph.device_type)), None
+        if self.recorder is not None:
+            try:
+                self._size_of = next(iter(padded_dims(dynamic, arguments).items()))
+            except ValueError as e:
+                logger.warning("record: no call size to record (%s)", e)
         if graph_mode != CUDAGraphMode.NONE:
-            graphs = GraphDispatcher(self._call_arguments, graph_mode, self.config.resolved_capture_sizes(),
+            graphs = GraphDispatcher(self._call_arguments, graph_mode, self._capture_sizes(),
                                      padded_dims(dynamic, arguments), self.pad_values, self.uniform_decode,
                                      self.backend.graph_runtime, arguments, out,
                                      graph.input_check.by_argument_name() if graph.input_check else None)
@@ -169,6 +191,17 @@ class CompiledModel:
                     "loaded the saved trace" if self.trace_source == "saved" else "traced once",
                     graph.counters.inductor_compiles, graph.counters.artifacts_loaded, total)
         return out
+
+    def _capture_sizes(self) -> list[int]:
+        """The user's capture sizes; else, with a traffic profile, those it makes worth capturing; else the
+        default list."""
+        config = self.config
+        if config.cudagraph_capture_sizes is not None or self.profile is None:
+            return config.resolved_capture_sizes()
+        sizes = traffic.capture_sizes_from_profile(self.profile, config.cudagraph_max_graphs,
+                                                   config.max_cudagraph_capture_size)
+        logger.info("capture sizes from the traffic profile %s: %s", config.cudagraph_traffic_profile, sizes)
+        return sizes
 
     def _graph_mode(self, device: torch.device) -> CUDAGraphMode:
         """The CUDA-graph mode `vgc.compile` runs with on `device`: NONE off CUDA."""
@@ -188,6 +221,14 @@ class CompiledModel:
         """
         if self.warmed_up:
             return self.stats()
+        self._warming = True
+        try:
+            return self._warmup(make_inputs, trace_size, make_decode_inputs)
+        finally:
+            self._warming = False
+
+    def _warmup(self, make_inputs: Callable[[int], Any], trace_size: int | None,
+                make_decode_inputs: Callable[[int], Any] | None) -> dict[str, Any]:
         start = time.perf_counter()
         size = trace_size if trace_size is not None else max([16, *self.config.compile_sizes])
         high = self.config.compile_ranges_max_size
@@ -261,7 +302,9 @@ class CompiledModel:
     def _capture(self, make_inputs: Callable[[int], Any], make_decode_inputs: Callable[[int], Any]) -> None:
         if self.graphs is not None:
             as_arguments = lambda maker: lambda n: self._as_arguments(maker(n))  # noqa: E731
-            self.graphs.capture_all(as_arguments(make_inputs), as_arguments(make_decode_inputs))
+            budget = self.config.cudagraph_memory_budget_mb
+            self.graphs.capture_all(as_arguments(make_inputs), as_arguments(make_decode_inputs),
+                                    None if budget is None else budget * 2 ** 20)
 
     def _call_with(self, inputs):
         return self(**inputs) if isinstance(inputs, dict) else self(*_positional(inputs))
@@ -300,7 +343,7 @@ def _as_config(config: CompilationConfig | dict | None) -> CompilationConfig:
 
 def compile(model: Callable, config: CompilationConfig | dict | None = None,
             dynamic_arg_dims: dict[str, DimSpec] | None = None, pad_values: dict[str, Any] | None = None,
-            uniform_decode: Callable[[dict], bool] | None = None) -> CompiledModel:
+            uniform_decode: Callable[[dict], bool] | None = None, record: str | None = None) -> CompiledModel:
     """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks. `config` is a
     `CompilationConfig` or a dict of its fields (`{"compile_sizes": [1, 8]}`).
 
@@ -312,8 +355,11 @@ def compile(model: Callable, config: CompilationConfig | dict | None = None,
     With CUDA graphs, `pad_values` says how to pad each input up to a capture size (a number, default 0, or
     "edge" to repeat the last entry); without it, only calls of exactly a capture size replay graphs
     and `uniform_decode(arguments) -> bool` says which calls FULL graphs serve (FULL_AND_PIECEWISE needs it).
+    `record=PATH` writes a traffic profile there: how many calls had each size (tokens, the first padded dim),
+    uniform decode or not; `cudagraph_traffic_profile=PATH` in a later start's config chooses capture sizes
+    from it.
     """
-    return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode)
+    return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode, record)
 
 
 def _positional(inputs) -> tuple:

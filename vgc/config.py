@@ -115,6 +115,12 @@ def _path(value: Any, name: str) -> str | None:
     return value
 
 
+def _positive_number(value: Any, name: str) -> float | None:
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"{name} must be None or a positive number, got {value!r}")
+
+
 def _as_list(value: Any, name: str) -> list:
     if isinstance(value, (list, tuple)):
         return list(value)
@@ -237,6 +243,17 @@ class CompilationConfig:
     max_cudagraph_capture_size: int = _field(
         "Largest capture size: larger `cudagraph_capture_sizes` entries are dropped.",
         _int_at_least(1), in_hash=False, default=512)
+    cudagraph_memory_budget_mb: float | None = _field(
+        "Most device memory (MiB) the CUDA graphs' pool may grow by at capture: sizes are captured largest first, "
+        "a size whose graph would pass the budget (or that runs out of memory) is skipped and its calls pad to a "
+        "larger one or run without a graph; None: no limit.", _positive_number, in_hash=False)
+    cudagraph_traffic_profile: str | None = _field(
+        "A traffic profile recorded by `vgc.compile(..., record=PATH)` (or the encoder manager's `record=`): "
+        "without `cudagraph_capture_sizes` (or `encoder_cudagraph_token_budgets`), the sizes to capture are those "
+        "that minimise the profile's padded tokens (`vgc profile show PATH`).", _path, in_hash=False)
+    cudagraph_max_graphs: int = _field(
+        "With a traffic profile: the most capture sizes (decoder) or token budgets per path (encoder) it chooses.",
+        _int_at_least(1), in_hash=False, default=16)
     compile_ranges_max_size: int = _field(
         "`vgc.compile` compile ranges: `warmup(make_inputs)` covers the sizes 2 up to this one. Where the model's "
         "size conditions (a branch on a dynamic size, a window, a bound in Inductor's code) split them, each side "

@@ -80,3 +80,20 @@ def synchronize(device) -> None:
 
 def reserved_bytes(device) -> int:
     return torch.cuda.memory_reserved(device)
+
+
+def allocated_bytes(device) -> int:
+    return torch.cuda.memory_allocated(device)
+
+
+def reset_peak_memory(device) -> None:
+    """Start the peak counters over (torch's process-wide statistics: a capture loop measures its own peak)."""
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_reserved_bytes(device) -> int:
+    return torch.cuda.max_memory_reserved(device)
+
+
+def peak_allocated_bytes(device) -> int:
+    return torch.cuda.max_memory_allocated(device)

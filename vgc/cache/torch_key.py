@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from vgc import _compat
-from vgc.counters import counters
 from vgc.cache.layout import atomic_write, make_private_dirs, TORCH_KEY_DIR
+from vgc.counters import counters
 
 logger = logging.getLogger("vgc")
 
