@@ -110,7 +110,7 @@ def test_a_bad_profile_is_a_clear_error(tmp_path, data, problem):
 def test_profile_kind_and_missing_file(tmp_path):
     path = write(tmp_path / "p.json", GOOD)
     assert load_profile(path).combined() == {1: 3, 8: 2}
-    with pytest.raises(ProfileError, match="records decoder traffic, but a encoder profile is needed"):
+    with pytest.raises(ProfileError, match="records decoder traffic, but an encoder profile is needed"):
         load_profile(path, "encoder")
     with pytest.raises(ProfileError, match="cannot be read"):
         load_profile(tmp_path / "missing.json")

@@ -11,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 import vgc
+from vgc.cudagraph import traffic
 from vgc.encoder import EncoderCompileError, EncoderCudaGraphManager, SupportsEncoderCudaGraph
 from vgc.encoder.data_parallel import balance
 from vgc.models import vit
@@ -255,3 +256,76 @@ def test_data_parallel_over_two_gloo_ranks_equals_one_process(encoder, tmp_path)
         assert_items_close(torch.load(tmp_path / f"rank{rank}.pt"), want)
         assert_items_close(torch.load(tmp_path / f"rank{rank}-one.pt"),
                            eager_items(encoder, vit.make_images(CFG, [64], seed=8)))
+
+
+def test_recorded_sub_batches_choose_the_next_managers_budgets_and_a_memory_budget_skips_graphs(
+        encoder, simulated_capture, fresh_counters, tmp_path, monkeypatch):
+    path = tmp_path / "encoder-traffic.json"
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True)
+    manager = EncoderCudaGraphManager(encoder, config, compile=False, record=str(path))
+    manager.capture()
+    rng = random.Random(5)
+    requests = [random_request(rng) for _ in range(10)]
+    for mm in requests:
+        manager.execute(mm)
+    manager.recorder.flush()
+    profile = traffic.load_profile(path, "encoder")
+    tokens = profile.histograms["default.tokens"]
+    assert sum(tokens.values()) == sum(profile.histograms["default.items"].values()) >= len(requests)
+    default_memory = manager.stats()["graph_memory"]
+    assert default_memory["total_bytes"] == sum(manager.stats()["graph_memory_bytes"]["default"].values()) > 0
+
+    profiled = vgc.CompilationConfig(cudagraph_mm_encoder=True, cudagraph_traffic_profile=str(path),
+                                     cudagraph_max_graphs=3)
+    chosen = EncoderCudaGraphManager(encoder, profiled, compile=False)
+    unit = chosen.paths["default"].unit
+    expected = traffic.choose_sizes(tokens, 3, candidates=range(unit, 257, unit))
+    assert list(chosen.paths["default"].budgets) == expected and len(expected) <= 3
+    chosen.capture()
+    for mm in requests:   # the same traffic: every sub-batch fits a chosen budget
+        assert_items_close(chosen.execute(mm), eager_items(encoder, mm))
+    assert chosen.stats()["items_missed"] == 0
+    assert chosen.stats()["graph_memory"]["total_bytes"] < default_memory["total_bytes"]
+
+    # a memory budget: the largest graph and about half the next one; the rest run the forward at their size
+    per_budget = chosen.stats()["graph_memory"]["per_size_bytes"]
+    (largest, first), (_, second) = list(per_budget.items())[:2]
+    budgeted = EncoderCudaGraphManager(encoder, vgc.CompilationConfig(
+        cudagraph_mm_encoder=True, cudagraph_traffic_profile=str(path), cudagraph_max_graphs=3,
+        cudagraph_memory_budget_mb=(first + second / 2) / 2 ** 20), compile=False)
+    budgeted.capture()
+    memory = budgeted.stats()["graph_memory"]
+    assert list(memory["per_size_bytes"]) == [largest] and memory["total_bytes"] <= memory["budget_bytes"]
+    assert len(memory["skipped_sizes"]) == len(expected) - 1
+    for mm in requests:
+        assert_items_close(budgeted.execute(mm), eager_items(encoder, mm))
+    assert budgeted.stats()["path_items"]["default"]["exact"] > 0
+
+
+def test_an_encoder_graph_that_runs_out_of_memory_is_skipped(encoder, simulated_capture, monkeypatch):
+    from vgc import cuda_runtime
+
+    capture = cuda_runtime.capture
+
+    def capture_or_fail(fn, pool):
+        outputs = fn()
+        if outputs.shape[0] == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return capture(fn, pool)
+
+    monkeypatch.setattr(cuda_runtime, "capture", capture_or_fail)
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=[8, 16, 32])
+    manager = EncoderCudaGraphManager(encoder, config, compile=False)
+    manager.capture()
+    stats = manager.stats()
+    assert stats["captured"]["default"] == [8, 32]
+    assert "out of memory" in stats["graph_memory"]["skipped_sizes"]["default:16"]
+    mm = vit.make_images(CFG, [32, 48, 64], seed=9)   # 4, 9 and 16 tokens
+    assert_items_close(manager.execute(mm), eager_items(encoder, mm))
+
+
+def test_a_bad_encoder_profile_fails_the_managers_construction(encoder, tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text('{"vgc_traffic_profile": 1, "kind": "decoder", "histograms": {}}')
+    with pytest.raises(traffic.ProfileError, match="an encoder profile is needed"):
+        EncoderCudaGraphManager(encoder, vgc.CompilationConfig(cudagraph_traffic_profile=str(path)))

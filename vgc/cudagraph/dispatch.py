@@ -6,7 +6,6 @@ Used by `vgc.compile`: inputs are padded into vgc-owned buffers, so every graph 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,6 +17,7 @@ from vgc import cuda_runtime  # module attribute access: tests substitute captur
 from vgc.capture.paths import argument_tensors, InputMismatchError, render_path
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
+from vgc.cudagraph.memory import GraphMemory
 from vgc.cudagraph.padding import output_tensors, padded_size, slice_outputs, StaticInputs
 from vgc.cudagraph.runtime import (bypass_piece_graphs, capture_failure, check_replay, frozen_gc, GraphRuntime,
                                    ReplaySampler)
@@ -39,15 +39,7 @@ class _FullGraph:
 class GraphStats:
     capture_seconds: float = 0.0
     pool_bytes_after_each: list[int] = field(default_factory=list)
-    # the device memory each capture size's graphs added (reserved by the caching allocator while they were
-    # captured: the shared pool's growth, as nothing else allocates then), in capture order
-    graph_bytes: dict[int, int] = field(default_factory=dict)
-    peak_bytes: int = 0                 # the most memory reserved at any point of the capture loop
-    skipped: dict[int, str] = field(default_factory=dict)   # capture size -> why it has no graphs
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.graph_bytes.values())
+    memory: GraphMemory = field(default_factory=GraphMemory)
 
 
 class GraphDispatcher:
@@ -206,6 +198,7 @@ class GraphDispatcher:
         self.runtime.mark_stable(self.static.buffers.values())
         device = next(iter(self.static.buffers.values())).device
         stats = self.stats
+        memory = stats.memory = GraphMemory(budget_bytes)
         start = time.perf_counter()
         cuda_runtime.synchronize(device)
         cuda_runtime.reset_peak_memory(device)
@@ -213,55 +206,30 @@ class GraphDispatcher:
         with frozen_gc(), self.runtime.capturing():
             for size in tqdm(sizes, desc="vgc: capturing CUDA graphs", unit="size", leave=False,
                              disable=not logger.isEnabledFor(logging.INFO)):
-                estimate = self._estimate_bytes(size, make_inputs, make_full_inputs, device, budget_bytes)
-                if budget_bytes is not None and stats.total_bytes + estimate > budget_bytes:
-                    stats.skipped[size] = (f"its graphs would need ~{estimate / 2 ** 20:.1f} MiB, past the budget "
-                                           f"of {budget_bytes / 2 ** 20:.1f} MiB")
+                maker = make_full_inputs if self.use_full else make_inputs
+                if not memory.admits(size, size, lambda: self._run_peak_bytes(maker(size), size, device)):
                     continue
                 try:
                     self._capture_size(size, make_inputs, make_full_inputs, device)
                     cuda_runtime.synchronize(device)
                 except torch.OutOfMemoryError as error:
                     self._undo(size)
-                    stats.skipped[size] = f"out of memory while capturing ({capture_failure(error)})"
-                    logger.warning("CUDA graphs at size %d: out of memory while capturing; its calls pad to a "
-                                   "larger size or run without a graph", size)
+                    memory.out_of_memory(size, error, capture_failure(error))
                     continue
                 now = cuda_runtime.reserved_bytes(device)
-                stats.graph_bytes[size] = max(0, now - reserved)
-                if budget_bytes is not None and stats.total_bytes > budget_bytes:
-                    logger.warning("CUDA graphs at size %d took %.1f MiB, more than estimated: graph memory is "
-                                   "%.1f MiB, past the budget of %.1f MiB; no more sizes are captured", size,
-                                   stats.graph_bytes[size] / 2 ** 20, stats.total_bytes / 2 ** 20,
-                                   budget_bytes / 2 ** 20)
+                memory.captured(size, size, now - reserved)
                 stats.pool_bytes_after_each.append(now)
                 reserved = now
-        stats.peak_bytes = cuda_runtime.peak_reserved_bytes(device)
-        if stats.skipped:
-            self.capture_sizes = [s for s in self.capture_sizes if s not in stats.skipped]
+        memory.peak_bytes = cuda_runtime.peak_reserved_bytes(device)
+        if memory.skipped:
+            self.capture_sizes = [s for s in self.capture_sizes if s not in memory.skipped]
         stats.capture_seconds = time.perf_counter() - start
-        logger.info("CUDA graphs: %d sizes captured in %.2f s, %.1f MiB of graph memory (peak %.1f MiB reserved "
-                    "while capturing)%s", len(stats.graph_bytes), stats.capture_seconds, stats.total_bytes / 2 ** 20,
-                    stats.peak_bytes / 2 ** 20,
-                    f"; {len(stats.skipped)} sizes skipped: {sorted(stats.skipped)}" if stats.skipped else "")
+        logger.info("CUDA graphs: %d sizes captured in %.2f s, %s", len(memory.per_size), stats.capture_seconds,
+                    memory.summary())
 
-    def _estimate_bytes(self, size: int, make_inputs, make_full_inputs, device, budget_bytes) -> int:
-        """What capturing `size` will add to the pool, erring high. Before the first graph: the peak memory of a
-        run at that size (a graph keeps its working set). After: as much as the last, smaller, graph, or a line
-        through the last two (later graphs reuse the working set and add about their outputs, which grow with
-        the size), whichever is more."""
-        if budget_bytes is None:
-            return 0
-        grown = list(self.stats.graph_bytes.items())
-        if grown:
-            (last, g_last), estimate = grown[-1], grown[-1][1]
-            if len(grown) > 1:
-                before, g_before = grown[-2]
-                slope = (g_before - g_last) / (before - last)
-                estimate = max(g_last * size / last, g_last + slope * (size - last))
-            return math.ceil(max(0.0, estimate))
-        maker = make_full_inputs if self.use_full else make_inputs
-        arguments = self._pad(maker(size), size, size)
+    def _run_peak_bytes(self, inputs: dict, size: int, device) -> int:
+        """The peak memory a run at `size` allocates, without graphs: what a first graph keeps as its pool."""
+        arguments = self._pad(inputs, size, size)
         cuda_runtime.synchronize(device)
         before = cuda_runtime.allocated_bytes(device)
         cuda_runtime.reset_peak_memory(device)
@@ -307,7 +275,5 @@ class GraphDispatcher:
             "full_graphs": len(self.full),
             "capture_seconds": self.stats.capture_seconds,
             "pool_bytes_after_each": self.stats.pool_bytes_after_each,
-            "graph_memory": {"total_bytes": self.stats.total_bytes, "peak_bytes": self.stats.peak_bytes,
-                             "per_size_bytes": dict(self.stats.graph_bytes),
-                             "skipped_sizes": dict(sorted(self.stats.skipped.items()))},
+            "graph_memory": self.stats.memory.report(),
         }

@@ -81,7 +81,9 @@ def parse_profile(data, where: str, kind: str | None = None) -> TrafficProfile:
     if found not in KINDS:
         raise ProfileError(f"traffic profile {where} has kind {found!r}; expected one of {list(KINDS)}")
     if kind is not None and found != kind:
-        raise ProfileError(f"traffic profile {where} records {found} traffic, but a {kind} profile is needed here")
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ProfileError(f"traffic profile {where} records {found} traffic, but {article} {kind} profile is needed "
+                           "here")
     histograms = data.get("histograms")
     if not isinstance(histograms, dict):
         raise ProfileError(f"traffic profile {where} has no 'histograms' object")

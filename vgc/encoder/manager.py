@@ -25,6 +25,8 @@ from vgc import _compat, cuda_runtime, log  # module attribute access: tests sub
 from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
+from vgc.cudagraph import traffic
+from vgc.cudagraph.memory import GraphMemory
 from vgc.cudagraph.runtime import frozen_gc
 from vgc.encoder import data_parallel
 from vgc.encoder.pack import budget_levels, pack, PathBudgets, SubBatch
@@ -72,7 +74,7 @@ class EncoderCudaGraphManager:
     def __init__(self, model: Any, config: CompilationConfig | None = None, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, compile: bool = True, data_parallel: bool | None = None,
                  group: Any = None, calibrate: bool | None = None, on_compile_failure: str = "raise",
-                 min_budget: int | None = None):
+                 min_budget: int | None = None, record: str | None = None):
         if on_compile_failure not in _ON_COMPILE_FAILURE:
             raise ValueError(f"on_compile_failure must be one of {list(_ON_COMPILE_FAILURE)}, got "
                              f"{on_compile_failure!r}")
@@ -88,6 +90,10 @@ class EncoderCudaGraphManager:
         self.model = model
         self.config = config if config is not None else CompilationConfig(cudagraph_mm_encoder=True)
         self.model_config: EncoderCudaGraphConfig = model.get_encoder_cudagraph_config()
+        # a profile is checked now: a bad file fails the manager's construction, not the start it would shape
+        self.profile = traffic.load_profile(self.config.cudagraph_traffic_profile, "encoder") \
+            if self.config.cudagraph_traffic_profile else None
+        self.recorder = traffic.TrafficRecorder(record, "encoder") if record is not None else None
         self.device, self.dtype = _placement(model, device, dtype)
         self.use_graphs = bool(self.config.cudagraph_mm_encoder) and cuda_runtime.graphs_supported(self.device)
         if self.config.cudagraph_mm_encoder and not self.use_graphs:
@@ -107,6 +113,8 @@ class EncoderCudaGraphManager:
         self.graph_savings: dict[str, dict[int, float]] = {path: {} for path in self.paths}
         self.counters = Counters.child_of(counters)
         self._pool = None
+        self.memory = GraphMemory(None if self.config.cudagraph_memory_budget_mb is None
+                                  else self.config.cudagraph_memory_budget_mb * 2 ** 20)
         self._captured = False
         self._seconds: dict[str, float] = {}
         self._items = {"hit": 0, "missed": 0}
@@ -131,7 +139,7 @@ class EncoderCudaGraphManager:
         max_frames = self.config.encoder_cudagraph_max_frames_per_batch or max(
             max_items, min(max_items * max(1, self.model_config.max_frames_per_video), largest // useful))
         if not self.model_config.enable_dual_path_graph:
-            budgets = chosen or budget_levels(useful, largest)
+            budgets = chosen or self._profile_budgets(DEFAULT_PATH, useful, largest) or budget_levels(useful, largest)
             # slots per graph: one per min_budget tokens (b // 4 slots for 4-token images made chat requests on the
             # HF Qwen2-VL tower 18% slower on the H200 than b // 64; benchmarks/encoder_slots.py)
             return {DEFAULT_PATH: PathBudgets(tuple(budgets), max_items, max_frames, unit=useful)}
@@ -143,11 +151,28 @@ class EncoderCudaGraphManager:
                                  f"local_token_per_patch >= 1, got {path} {unit}")
             if chosen:   # the user's budgets, rounded up to whole images or patches of this path
                 levels = sorted({math.ceil(b / unit) * unit for b in chosen})
+            elif profiled := self._profile_budgets(path, unit, max(unit, largest // unit * unit)):
+                levels = profiled
             else:
                 levels = budget_levels(unit, max(unit, largest // unit * unit), unit=unit)
             zero = [0] if path == LOCAL_PATH else []   # images without local patches skip that path
             paths[path] = PathBudgets(tuple(zero + levels), max_items, max_frames)
         return paths
+
+    def _profile_budgets(self, path: str, unit: int, largest: int) -> list[int] | None:
+        """The budgets (multiples of `unit`, at most `largest`) that minimise the padded tokens of the sub-batches
+        the traffic profile recorded on `path`; None without a profile or a record of that path."""
+        if self.profile is None:
+            return None
+        histogram = {n: c for n, c in self.profile.histograms.get(f"{path}.tokens", {}).items() if n <= largest}
+        if not histogram:
+            logger.warning("encoder: the traffic profile %s records no sub-batch of at most %d tokens on path %r; "
+                           "that path keeps the default budgets", self.config.cudagraph_traffic_profile, largest, path)
+            return None
+        candidates = sorted({*range(unit, largest + 1, unit), largest})
+        budgets = traffic.choose_sizes(histogram, self.config.cudagraph_max_graphs, candidates=candidates)
+        logger.info("encoder %s path: budgets from the traffic profile: %s", path, budgets)
+        return budgets
 
     # ---- start-up ----
     def capture(self) -> dict[str, Any]:
@@ -167,18 +192,21 @@ class EncoderCudaGraphManager:
                 bar.update(1)
             self._seconds["compile"] = time.perf_counter() - start
             with frozen_gc():
+                if todo:
+                    cuda_runtime.reset_peak_memory(self.device)
                 for path, budget in todo:
                     self._capture_one(path, budget)
                     bar.update(1)
+                self.memory.peak_bytes = cuda_runtime.peak_reserved_bytes(self.device) if todo else 0
             self._seconds["capture"] = time.perf_counter() - start - self._seconds["compile"]
             if todo and self.calibrate:
                 for path in paths:
                     self._calibrate(path)
                 self._seconds["calibrate"] = time.perf_counter() - start - sum(self._seconds.values())
         self._captured = True
-        logger.info("encoder: compiled in %.2f s, captured %d graphs in %.2f s (budgets %s)",
-                    self._seconds["compile"], len(todo), self._seconds["capture"],
-                    {p: list(b.budgets) for p, b in self.paths.items()})
+        logger.info("encoder: compiled in %.2f s, captured %d graphs in %.2f s (budgets %s), %s",
+                    self._seconds["compile"], len(self.memory.per_size), self._seconds["capture"],
+                    {p: list(b.budgets) for p, b in self.paths.items()}, self.memory.summary())
         return self.stats()
 
     def _trace(self, path: str) -> None:
@@ -236,22 +264,42 @@ class EncoderCudaGraphManager:
         return forward, values
 
     def _capture_one(self, path: str, budget: int) -> None:
+        """Capture `budget`'s graph on `path`, unless the memory budget has no room for it or the capture runs out
+        of memory: that budget's sub-batches then run the compiled forward at their own size."""
         max_items, max_frames = self.paths[path].capacity(budget)
+        key = f"{path}:{budget}"
+        if not self.memory.admits(key, budget, lambda: self._run_peak_bytes(path, budget)):
+            return
         forward, values = self._forward_at(path, budget)
         if self._pool is None:
             self._pool = cuda_runtime.new_pool()
         cuda_runtime.synchronize(self.device)
         before = cuda_runtime.reserved_bytes(self.device)   # the pool's new segments: captures keep the cache
-        graph, output = cuda_runtime.capture(lambda: forward(values), self._pool)
-        graph.replay()   # capture only records: a graph that cannot run fails here, at start-up, not on a request
-        cuda_runtime.synchronize(self.device)
+        try:
+            graph, output = cuda_runtime.capture(lambda: forward(values), self._pool)
+            graph.replay()   # capture only records: a graph that cannot run fails here, at start-up, not on a request
+            cuda_runtime.synchronize(self.device)
+        except torch.OutOfMemoryError as error:
+            self.memory.out_of_memory(key, error, f"{type(error).__name__}: {str(error).splitlines()[0]}")
+            return
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"encoder_cudagraph_forward(path={path!r}) must return one tensor, got "
                             f"{type(output).__name__}")
         grown = cuda_runtime.reserved_bytes(self.device) - before
+        self.memory.captured(key, budget, grown)
         self.graphs[path][budget] = BudgetGraphMetadata(path, budget, max_items, max_frames, graph, values, output,
                                                         memory_bytes=max(0, grown))
         self.counters.add(cudagraph_captures=1)
+
+    def _run_peak_bytes(self, path: str, budget: int) -> int:
+        """The peak memory the path's forward allocates at `budget`: what the first graph keeps as its pool."""
+        values = self._capture_inputs(path, budget)
+        cuda_runtime.synchronize(self.device)
+        before = cuda_runtime.allocated_bytes(self.device)
+        cuda_runtime.reset_peak_memory(self.device)
+        self._forward(path, values)(values)
+        cuda_runtime.synchronize(self.device)
+        return max(0, cuda_runtime.peak_allocated_bytes(self.device) - before)
 
     def _calibrate(self, path: str) -> None:
         """Time each budget's graph against the compiled forward at the same size, smallest budget first, and
@@ -275,6 +323,8 @@ class EncoderCudaGraphManager:
                     {b: f"{s:.0%}" for b, s in sorted(savings.items())})
 
     def _replays_pay(self, path: str, budget: int, tokens: int) -> bool:
+        if budget not in self.graphs[path]:   # skipped: no room in the memory budget, or out of memory
+            return False
         if not self.calibrate:
             return True
         return (budget - tokens) / budget <= self.graph_savings[path].get(budget, 0.0)
@@ -351,6 +401,9 @@ class EncoderCudaGraphManager:
         by_path, hit = {}, True
         for path in self.paths:
             budget, tokens = batch.budgets[path], batch.tokens[path]
+            if self.recorder is not None and budget != 0:
+                self.recorder.add(f"{path}.tokens", tokens)
+                self.recorder.add(f"{path}.items", len(batch.indices))
             if budget == 0:
                 by_path[path] = None
                 continue
@@ -431,6 +484,7 @@ class EncoderCudaGraphManager:
             "captured": {p: sorted(g) for p, g in self.graphs.items()},
             "graph_memory_bytes": {p: {b: m.memory_bytes for b, m in sorted(g.items())}
                                    for p, g in self.graphs.items()},
+            "graph_memory": self.memory.report(),
             "items_hit": self._items["hit"], "items_missed": self._items["missed"],
             "hit_rate": self._items["hit"] / items if items else None,
             "path_items": {p: dict(v) for p, v in self._path_items.items()},
