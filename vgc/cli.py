@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vgc.cache import cli as cache_cli
 
     cache_cli.add_parser(commands, common)
+    from vgc.cudagraph import profile_cli
+
+    profile_cli.add_parser(commands, common)
     return parser
 
 
@@ -77,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from vgc.cache import cli as cache_cli
 
         return cache_cli.run(args)
+    if args.command == "profile":
+        from vgc.cudagraph import profile_cli
+
+        return profile_cli.run(args)
     import importlib
 
     return importlib.import_module(f"vgc.bench.{args.name}").main(rest)

@@ -142,3 +142,35 @@ def test_a_damaged_profile_is_replaced_with_a_warning_and_an_unwritable_one_only
     assert "not written" in caplog.text and gone.profile().histograms == {"uniform_decode": {1: 1}}
     assert not list(tmp_path.glob(".vgc-profile-*"))   # no temporary file left behind
     assert traffic.tail_size({1: 1, 2: 1}, 0.5) == 1
+
+
+def test_profile_show_prints_histograms_and_chosen_sizes_with_their_padding(tmp_path, capsys):
+    from vgc.cli import main as vgc_main
+
+    histogram = {1: 50, 2: 20, 7: 10, 30: 5, 700: 1}
+    path = write(tmp_path / "p.json", {**GOOD, "histograms": {"uniform_decode": {str(k): v for k, v in
+                                                                                  histogram.items()}}})
+    assert vgc_main(["profile", "show", path, "--max-graphs", "2,4"]) == 0
+    out = capsys.readouterr().out
+    assert "uniform_decode: 86 calls, 5 distinct sizes 1-700" in out
+    assert "1 above 512 run without a graph" in out
+    served = {n: c for n, c in histogram.items() if n <= 512}
+    for k in (2, 4):
+        sizes = choose_sizes(served, k)
+        waste = expected_padding(histogram, sizes).waste
+        assert f"{f'<= {k} graphs':14s} {len(sizes):6d} {waste:8.1%} {1:9d}  {', '.join(map(str, sizes))}" in out
+    assert "default (67)" in out
+    assert vgc_main(["profile", "show", str(tmp_path / "none.json")]) == 2
+    assert "cannot be read" in capsys.readouterr().out
+    assert vgc_main(["profile", "show", path, "--max-graphs", "0"]) == 2
+
+
+def test_a_dropped_recorder_writes_what_it_counted(tmp_path):
+    import gc
+
+    path = tmp_path / "t.json"
+    recorder = TrafficRecorder(path, "encoder", every_s=3600)
+    recorder.add("default.tokens", 64)
+    del recorder
+    gc.collect()
+    assert load_profile(path, "encoder").histograms == {"default.tokens": {64: 1}}
