@@ -221,3 +221,31 @@ def test_vgc_compile_piece_graphs_read_the_fused_weights(fresh_counters, no_cach
             x = torch.randn(n, 16, device="cuda")
             torch.testing.assert_close(compiled(x), reference(x), **FP32_TOL)
     assert d["cudagraph_replays"] > 0
+
+
+def test_graph_memory_is_measured_and_a_budget_skips_sizes_on_a_real_pool(tiny_fp32, fresh_counters, no_cache):
+    cfg, model = tiny_fp32
+    kv = llama.make_kv_caches(cfg, "cuda")
+
+    def warm(**options):
+        compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="full_and_piecewise",
+                                                                   cudagraph_capture_sizes=CAPTURE_SIZES, **options),
+                               pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
+        report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                                 make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
+                                                                               kv_caches=kv))
+        return compiled, report["cudagraphs"]
+
+    _, graphs = warm()
+    memory = graphs["graph_memory"]
+    assert memory["total_bytes"] > 0 and memory["peak_bytes"] >= memory["total_bytes"]
+    assert list(memory["per_size_bytes"]) == sorted(CAPTURE_SIZES, reverse=True) and not memory["skipped_sizes"]
+    budget = memory["total_bytes"] / 4
+    compiled, graphs = warm(cudagraph_memory_budget_mb=budget / 2 ** 20)
+    kept = graphs["graph_memory"]
+    assert kept["skipped_sizes"] and kept["total_bytes"] <= budget
+    with fresh_counters.expect(cudagraph_captures=0, inductor_compiles=0), torch.no_grad():
+        for n in (1, 3, 8, 100, 511):
+            batch = llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv)
+            out = compiled(**batch).clone()
+            torch.testing.assert_close(out, model(**llama.make_batch(cfg, n, "decode", device="cuda")), **FP32_TOL)

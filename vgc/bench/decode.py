@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from vgc.bench import decode_tp
 
         return decode_tp.main(argv)
+    if argv and any(a == "--traffic" or a.startswith("--traffic=") for a in argv):   # a mix of batch sizes
+        from vgc.bench import decode_traffic
+
+        return decode_traffic.main(argv)
 
     parser = argparse.ArgumentParser(prog="vgc bench decode")
     parser.add_argument("--batches", default="1,8,64,256", help="decode batch sizes")
@@ -49,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the rows run as one group: --interleave, or a single row)")
     parser.add_argument("--tp", metavar="SIZES", help="comma-separated tensor-parallel world sizes (e.g. 1,2): "
                         "the sharded decoder, one process per GPU (vgc.bench.decode_tp)")
+    parser.add_argument("--traffic", metavar="FILE", help="a recorded decoder traffic profile, or 'generate': "
+                        "replay a mix of batch sizes against default, profile-chosen and memory-budgeted capture "
+                        "sizes (vgc.bench.decode_traffic; see its --help)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("vgc bench decode needs a CUDA device")

@@ -32,6 +32,7 @@ import os
 import random
 import shlex
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -39,8 +40,9 @@ from typing import Any, Callable
 import torch
 
 ROWS = ("eager", "compile-default", "compile-reduce-overhead", "vgc-nograph", "vgc-graphs", "vgc-graphs-pow2",
-        "vgc-graphs-linear")
-GRAPH_ROWS = ("vgc-graphs", "vgc-graphs-pow2", "vgc-graphs-linear")
+        "vgc-graphs-linear", "vgc-graphs-profile")
+GRAPH_ROWS = ("vgc-graphs", "vgc-graphs-pow2", "vgc-graphs-linear", "vgc-graphs-profile")
+PROFILE_ROW = "vgc-graphs-profile"   # budgets chosen from a profile of the same scenario drawn with another seed
 COMPILE_MODES = {"compile-default": None, "compile-reduce-overhead": "reduce-overhead"}
 SCENARIOS = {
     "a": "chat: 1-2 images 224^2-672^2 (70% <= 448^2)",
@@ -233,8 +235,10 @@ def _compiled_paths(model, mode: str | None) -> Callable[[dict], list[torch.Tens
     return run
 
 
-def _build(row: str, kind: str, model, full_largest: int) -> tuple[Callable[[dict], Any], dict]:
-    """The row's `run(mm_kwargs)` for `model` and what it cost to set up (vgc rows: the manager's numbers)."""
+def _build(row: str, kind: str, model, full_largest: int, profile: str | None = None
+           ) -> tuple[Callable[[dict], Any], dict]:
+    """The row's `run(mm_kwargs)` for `model` and what it cost to set up (vgc rows: the manager's numbers;
+    `profile`: the traffic profile the profile row chooses its budgets from)."""
     import vgc
     from vgc.encoder import EncoderCudaGraphManager
 
@@ -251,7 +255,8 @@ def _build(row: str, kind: str, model, full_largest: int) -> tuple[Callable[[dic
             return (lambda kw: compiled(kw["pixel_values"], kw["grid_thw"])), info
         return _compiled_paths(model, mode), info
     budgets = _budgets(row, model, full_largest)
-    config = vgc.CompilationConfig(cudagraph_mm_encoder=row != "vgc-nograph", encoder_cudagraph_token_budgets=budgets)
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=row != "vgc-nograph", encoder_cudagraph_token_budgets=budgets,
+                                   cudagraph_traffic_profile=profile)
     manager = EncoderCudaGraphManager(model, config)
     start = time.perf_counter()
     stats = manager.capture()
@@ -261,6 +266,19 @@ def _build(row: str, kind: str, model, full_largest: int) -> tuple[Callable[[dic
                 graphs=sum(len(b) for b in stats["captured"].values()),
                 graph_memory_bytes=sum(sum(m.values()) for m in stats["graph_memory_bytes"].values()))
     return manager.execute, info
+
+
+def _record_profile(model, requests: list[dict], path: str) -> str:
+    """A traffic profile of `requests` as the default manager packs them (`EncoderCudaGraphManager.record`)."""
+    import vgc
+    from vgc.encoder import EncoderCudaGraphManager
+
+    recorder = EncoderCudaGraphManager(model, vgc.CompilationConfig(cudagraph_mm_encoder=False), compile=False,
+                                       record=path)
+    for mm in requests:
+        recorder.record(mm)
+    recorder.recorder.flush()
+    return path
 
 
 def _graph_totals(stats: dict) -> tuple[int, int, int, int]:
@@ -376,23 +394,28 @@ notes: each request timed alone (synchronize, run, synchronize); mean/p50/p99 ov
   every budget), pad % = padding tokens / replayed budget tokens, both over the timed requests. compile s,
   capture s: the manager's capture(), capture including the timing of graphs against the compiled forward (a
   later manager of the same model may load the compile from vgc's compile cache); graph MiB = pool growth summed over
-  its graphs. A manager captures once per model and serves every scenario of it. max|diff| = the first
+  its graphs. A manager captures once per model and serves every scenario of it (vgc-graphs-profile: one per
+  scenario, its budgets chosen from a traffic profile of the same scenario drawn with seed + 1, recorded by
+  EncoderCudaGraphManager.record as the auto budgets pack it, at most cudagraph_max_graphs=16). max|diff| = the first
   request's per-item outputs vs eager (bf16: ~1e-2 expected); never fails the run."""
 
 
 def _row_on(row: str, kind: str, model, full_largest: int, built: dict, work: dict, warmup: int, sync) -> dict:
     """One row on one scenario; the row's function or manager is built on its model's first scenario and kept in
-    `built`. A failure is reported in the result (and its traceback on stderr), never raised."""
+    `built` (the profile row: one per scenario, from that scenario's profile). A failure is reported in the result
+    (and its traceback on stderr), never raised."""
+    key = kind if row != PROFILE_ROW else (kind, work["profile"])
     try:
-        if kind not in built:
+        if key not in built:
             try:
-                built[kind] = _build(row, kind, model, full_largest)
+                built[key] = _build(row, kind, model, full_largest, work.get("profile") if row == PROFILE_ROW
+                                    else None)
             except Exception as error:
-                built[kind] = f"{type(error).__name__}: {str(error)[:200]}"   # later scenarios of this model
+                built[key] = f"{type(error).__name__}: {str(error)[:200]}"   # later scenarios of this model
                 raise
-        if isinstance(built[kind], str):
-            return {"error": built[kind]}
-        run, info = built[kind]
+        if isinstance(built[key], str):
+            return {"error": built[key]}
+        run, info = built[key]
         return _measure(row, run, info, model, work["requests"], work["reference"], warmup, sync)
     except Exception as error:
         traceback.print_exc()
@@ -473,9 +496,17 @@ def main(argv: list[str] | None = None) -> int:
     packed = "hf" if hf else "vit"   # the kind of model the packed-patch scenarios (all but d) run on
     models: dict[str, Any] = {packed: packed_model}
     full_largest = {packed: vit.qwen2_vl_vit_config().max_batch_tokens}
-    work: dict[str, dict] = {}   # scenario -> {kind, requests, reference}
+    work: dict[str, dict] = {}   # scenario -> {kind, requests, reference, profile}
+    profile_dir = tempfile.mkdtemp(prefix="vgc-bench-encoder-profiles-")
     results: dict[str, dict] = {}
     start = time.perf_counter()
+    def make_requests(s: str, kind: str, count: int, seed: int) -> list[dict]:
+        if kind == "two_tower":
+            return [two_tower.make_images(tt_cfg, crops, device=device, seed=seed * 1_000_003 + i)
+                    for i, crops in enumerate(_two_tower_crops(count, seed))]
+        return [_vit_request(vit, cfg, windows, frames, device, seed=seed * 1_000_003 + i)
+                for i, (windows, frames) in enumerate(_vit_layouts(s, count, seed))]
+
     for s in scenarios:
         count = min(args.requests, args.requests_small) if s in SMALL_SCENARIOS else args.requests
         results[s] = {"description": SCENARIOS[s], "requests": count, "rows": {}}
@@ -486,8 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 two_tower, tt_cfg, tt_model, full_largest["two_tower"] = _two_tower(args.model, device)
                 models["two_tower"] = tt_model
-                requests = [two_tower.make_images(tt_cfg, crops, device=device, seed=args.seed * 1_000_003 + i)
-                            for i, crops in enumerate(_two_tower_crops(count, args.seed))]
+                requests = make_requests(s, "two_tower", count, args.seed)
             except Skip as reason:
                 results[s]["skipped"] = str(reason)
                 continue
@@ -496,9 +526,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             kind = "two_tower"
         else:
-            requests = [_vit_request(vit, cfg, windows, frames, device, seed=args.seed * 1_000_003 + i)
-                        for i, (windows, frames) in enumerate(_vit_layouts(s, count, args.seed))]
             kind = packed
+            requests = make_requests(s, kind, count, args.seed)
         with torch.no_grad():
             try:
                 reference = [t.clone() for t in _per_item(models[kind], models[kind](**requests[0]), requests[0])]
@@ -506,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
                 results[s]["skipped"] = f"eager reference failed ({type(error).__name__}: {error})"
                 continue
         work[s] = {"kind": kind, "requests": requests, "reference": reference}
+        if PROFILE_ROW in rows:   # the profile row's traffic: the same scenario, drawn with another seed
+            work[s]["profile"] = _record_profile(models[kind], make_requests(s, kind, count, args.seed + 1),
+                                                 os.path.join(profile_dir, f"{s}.json"))
     sync()
     print(f"vgc bench encoder: {args.model} on {device}, requests ready in {time.perf_counter() - start:.1f} s",
           flush=True)

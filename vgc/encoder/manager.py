@@ -385,6 +385,21 @@ class EncoderCudaGraphManager:
         local = self._execute_local(self.model.select_encoder_cudagraph_items(mm_kwargs, mine)) if mine else []
         return data_parallel.gather(local, shares, self.group)
 
+    def record(self, mm_kwargs: dict) -> None:
+        """Record the sub-batches `mm_kwargs` would run as (`record=PATH`), without running them: a profile of
+        requests that are at hand but not worth serving (another seed, a log of past requests)."""
+        if self.recorder is None:
+            raise RuntimeError("EncoderCudaGraphManager.record() needs EncoderCudaGraphManager(..., record=PATH)")
+        specs = self.model.get_encoder_cudagraph_item_specs(mm_kwargs)
+        for batch in pack(specs, self.paths, max(p.max_items for p in self.paths.values())):
+            self._record_batch(batch)
+
+    def _record_batch(self, batch: SubBatch) -> None:
+        for path in self.paths:
+            if batch.budgets[path] != 0:
+                self.recorder.add(f"{path}.tokens", batch.tokens[path])
+                self.recorder.add(f"{path}.items", len(batch.indices))
+
     def _execute_local(self, mm_kwargs: dict) -> list[torch.Tensor]:
         specs = self.model.get_encoder_cudagraph_item_specs(mm_kwargs)
         outputs: list[torch.Tensor | None] = [None] * len(specs)
@@ -399,11 +414,10 @@ class EncoderCudaGraphManager:
     def _run(self, batch: SubBatch, mm_kwargs: dict, specs: list[EncoderItemSpec]) -> list[torch.Tensor]:
         items = self.model.select_encoder_cudagraph_items(mm_kwargs, list(batch.indices))
         by_path, hit = {}, True
+        if self.recorder is not None:
+            self._record_batch(batch)
         for path in self.paths:
             budget, tokens = batch.budgets[path], batch.tokens[path]
-            if self.recorder is not None and budget != 0:
-                self.recorder.add(f"{path}.tokens", tokens)
-                self.recorder.add(f"{path}.items", len(batch.indices))
             if budget == 0:
                 by_path[path] = None
                 continue
