@@ -25,7 +25,8 @@ def test_config_fields_keep_their_names_and_defaults():
     config = vgc.CompilationConfig()
     assert [f.name for f in dataclasses.fields(config)] == [
         "splitting_ops", "compile_sizes", "inductor_compile_config", "compile_sizes_inductor_config",
-        "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "compile_ranges_max_size",
+        "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_memory_budget_mb",
+        "cudagraph_traffic_profile", "cudagraph_max_graphs", "compile_ranges_max_size",
         "dynamic_shapes_config",
         "cache_dir", "compile_cache_save_format", "cudagraph_mm_encoder", "encoder_cudagraph_token_budgets",
         "encoder_cudagraph_max_vision_items_per_batch", "encoder_cudagraph_max_frames_per_batch", "pass_config",
@@ -45,7 +46,9 @@ def test_config_hash_covers_the_codegen_fields_and_is_stable():
     # skinny_matmuls pass joined the table, off).
     assert config.compute_hash() == "4a23e61e120de25e"
     assert vgc.CompilationConfig(debug=True, cudagraph_mode="full", cudagraph_capture_sizes=[4],
-                                 max_cudagraph_capture_size=64).compute_hash() == config.compute_hash()
+                                 max_cudagraph_capture_size=64, cudagraph_memory_budget_mb=100,
+                                 cudagraph_traffic_profile="traffic.json", cudagraph_max_graphs=4
+                                 ).compute_hash() == config.compute_hash()   # a profile shapes graphs, not code
 
 
 def test_config_values_are_normalised():
@@ -66,6 +69,10 @@ def test_config_values_are_normalised():
     ({"compile_sizes": [True]}, "compile_sizes must be positive ints, got True"),
     ({"compile_sizes": 8}, "compile_sizes must be a list, got int 8"),
     ({"cudagraph_capture_sizes": [0]}, "cudagraph_capture_sizes must be positive ints, got 0"),
+    ({"cudagraph_memory_budget_mb": 0}, "cudagraph_memory_budget_mb must be None or a positive number, got 0"),
+    ({"cudagraph_memory_budget_mb": "1G"}, "cudagraph_memory_budget_mb must be None or a positive number, got '1G'"),
+    ({"cudagraph_max_graphs": 0}, "cudagraph_max_graphs must be a positive int, got 0"),
+    ({"cudagraph_traffic_profile": 3}, "cudagraph_traffic_profile must be a path string or None, got 3"),
     ({"encoder_cudagraph_token_budgets": [2.5]}, "encoder_cudagraph_token_budgets must be positive ints, got 2.5"),
     ({"max_cudagraph_capture_size": 0}, "max_cudagraph_capture_size must be a positive int, got 0"),
     ({"encoder_cudagraph_max_vision_items_per_batch": -1},

@@ -4,14 +4,13 @@ capture stops at.
 Graphs that share one pool are captured largest first: the first keeps its working set, and the later ones
 reuse those blocks and add about their outputs. A size's memory is the device memory reserved while its graphs
 were captured (the pool's growth, as nothing else allocates then). Before a size is captured, its growth is
-estimated erring high; a size whose estimate would pass the budget is skipped (its calls pad to a larger size,
+estimated erring high (`estimate`); a size whose estimate would pass the budget is skipped (its calls pad to a larger size,
 or run without a graph), and so is a size whose capture runs out of memory.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from typing import Callable, Hashable
 
 logger = logging.getLogger("vgc")
@@ -42,16 +41,12 @@ class GraphMemory:
         return False
 
     def estimate(self, size: int) -> int:
-        """As much as the last (larger) graph scaled to `size`, or a line through the last two, whichever is
-        more: later graphs add about their outputs, which grow with the size."""
-        grown = [(self.sizes[k], g) for k, g in self.per_size.items()]
-        last, g_last = grown[-1]
-        estimate = g_last * size / last if len(grown) > 1 else g_last
-        if len(grown) > 1:
-            before, g_before = grown[-2]
-            if before != last:
-                estimate = max(estimate, g_last + (g_before - g_last) / (before - last) * (size - last))
-        return math.ceil(max(0.0, estimate))
+        """The most any graph after the first has added (the first: its working set, which the later ones
+        reuse), or the first's when it is the only one. Erring high keeps the budget: the graph pool reserves
+        whole segments, so a size's growth comes in lumps (often 0, then a whole segment), not in proportion to
+        its outputs."""
+        grown = list(self.per_size.values())
+        return max(grown[1:]) if len(grown) > 1 else grown[0]
 
     def captured(self, key: Hashable, size: int, grown: int) -> None:
         self.per_size[key] = max(0, grown)
