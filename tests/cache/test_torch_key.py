@@ -14,11 +14,14 @@ from vgc.cache.layout import TORCH_KEY_DIR
 def test_the_signature_follows_every_hashed_file_and_nothing_else(tmp_path):
     package = tmp_path / "torch"
     (package / "sub").mkdir(parents=True)
+    (package / "include").mkdir()
     source, extension, extra = package / "sub" / "a.py", package / "_C.so", tmp_path / "script.ld"
-    for path in (source, extension, extra):
+    for path in (source, extension, extra, package / "sub" / "__init__.py"):
         path.write_text("x = 1\n")
     before = torch_key.installation_signature(str(package), [str(extra)])
+    # not read by the key: other files, and directories that are not packages (headers, libraries)
     (package / "notes.txt").write_text("not hashed")
+    (package / "include" / "gen.py").write_text("not a module of torch")
     assert torch_key.installation_signature(str(package), [str(extra)]) == before
 
     signatures = {before}

@@ -27,7 +27,8 @@ def installation_signature(package_dir: str, extra_files: list[str]) -> str:
     no reads), and any edit, reinstall or upgrade of torch changes it."""
     h = hashlib.sha256(f"{torch.__version__}\0{package_dir}\n".encode())
     for dirpath, dirnames, files in os.walk(package_dir):
-        dirnames.sort()
+        # the key descends into packages only (pkgutil): headers and libraries (most of torch's files) are not read
+        dirnames[:] = sorted(d for d in dirnames if os.path.isfile(os.path.join(dirpath, d, "__init__.py")))
         for name in sorted(files):
             if name.endswith(_HASHED_SUFFIXES):
                 _add_stat(h, os.path.join(dirpath, name))
