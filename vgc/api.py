@@ -303,8 +303,10 @@ class CompiledModel:
         if self.graphs is not None:
             as_arguments = lambda maker: lambda n: self._as_arguments(maker(n))  # noqa: E731
             budget = self.config.cudagraph_memory_budget_mb
+            order = None if self.profile is None else \
+                traffic.value_order(traffic.decoder_histogram(self.profile), self.graphs.capture_sizes)
             self.graphs.capture_all(as_arguments(make_inputs), as_arguments(make_decode_inputs),
-                                    None if budget is None else budget * 2 ** 20)
+                                    None if budget is None else budget * 2 ** 20, order)
 
     def _call_with(self, inputs):
         return self(**inputs) if isinstance(inputs, dict) else self(*_positional(inputs))

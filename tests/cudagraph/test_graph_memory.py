@@ -134,3 +134,24 @@ def test_a_bad_profile_fails_vgc_compile_with_its_reason(tiny, tmp_path):
     path.write_text('{"vgc_traffic_profile": 1, "kind": "encoder", "histograms": {}}')
     with pytest.raises(ProfileError, match="records encoder traffic, but a decoder profile is needed"):
         vgc.compile(model, config=vgc.CompilationConfig(cudagraph_traffic_profile=str(path)))
+
+
+def test_under_a_budget_with_a_profile_the_graphs_kept_are_the_ones_worth_the_most(tiny, unbudgeted,
+                                                                                   simulated_cuda, tmp_path):
+    cfg, model = tiny
+    _, report, _ = unbudgeted
+    per_size = report["cudagraphs"]["graph_memory"]["per_size_bytes"]
+    path = tmp_path / "traffic.json"
+    path.write_text(json.dumps({"vgc_traffic_profile": 1, "kind": "decoder",
+                                "histograms": {"uniform_decode": {"1": 90, "2": 5, "9": 3, "16": 2}}}))
+    kv = llama.make_kv_caches(cfg)
+    # room for the largest graph and about two small ones: by size alone they would be 8 and 4
+    budget = per_size[16] + 2.5 * per_size[1]
+    compiled, report = compile_and_warm(model, cfg, kv, cudagraph_mode="full_and_piecewise",
+                                        cudagraph_capture_sizes=SIZES, cudagraph_traffic_profile=str(path),
+                                        cudagraph_memory_budget_mb=budget / 2 ** 20)
+    memory = report["cudagraphs"]["graph_memory"]
+    assert list(memory["per_size_bytes"])[:2] == [16, 1]   # the largest, then the most called
+    assert memory["total_bytes"] <= budget and 8 in memory["skipped_sizes"]
+    with simulated_cuda.expect(cudagraph_captures=0):
+        check_equal_eager(compiled, model, cfg, kv, sizes=(1, 2, 9, 16))

@@ -174,3 +174,11 @@ def test_a_dropped_recorder_writes_what_it_counted(tmp_path):
     del recorder
     gc.collect()
     assert load_profile(path, "encoder").histograms == {"default.tokens": {64: 1}}
+
+
+def test_value_order_puts_the_largest_first_then_what_saves_most_per_token():
+    histogram = {1: 100, 2: 50, 8: 30, 64: 5, 256: 1}
+    order = traffic.value_order(histogram, [1, 2, 4, 8, 16, 64, 128, 256])
+    assert order[0] == 256 and order[1] == 1 and sorted(order) == [1, 2, 4, 8, 16, 64, 128, 256]
+    assert order.index(4) > order.index(8)   # no call is of size 3 or 4: a 4 only saves for the calls of 2 already
+    assert traffic.value_order(histogram, []) == []

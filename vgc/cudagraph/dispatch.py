@@ -185,11 +185,15 @@ class GraphDispatcher:
 
     # ---- warm-up ----
     def capture_all(self, make_inputs: Callable[[int], dict], make_full_inputs: Callable[[int], dict],
-                    budget_bytes: float | None = None) -> None:
-        """Capture every size's graphs, largest first (smaller graphs reuse the pool's blocks). With
-        `budget_bytes`, a size whose graphs would grow the pool past it is skipped: its calls pad up to a larger
-        captured size. A size whose capture runs out of memory is undone and skipped too; the start goes on."""
+                    budget_bytes: float | None = None, order: list[int] | None = None) -> None:
+        """Capture every size's graphs, largest first (the later graphs reuse its blocks), then in `order` (a
+        traffic profile's value order, `traffic.value_order`), else by size. With `budget_bytes`, a size whose
+        graphs would grow the pool past it is skipped: its calls pad up to a larger captured size. A size whose
+        capture runs out of memory is undone and skipped too; the start goes on."""
         sizes = sorted(self.capture_sizes, reverse=True)
+        if order is not None:
+            ranked = [s for s in order if s in self.capture_sizes]
+            sizes = sizes[:1] + [s for s in ranked if s != sizes[0]] + [s for s in sizes[1:] if s not in ranked]
         largest = sizes[0]
         for maker in {make_inputs, make_full_inputs}:   # room for both kinds of batch (offsets: one more)
             example = maker(largest)

@@ -11,6 +11,7 @@ or run without a graph), and so is a size whose capture runs out of memory.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Hashable
 
 logger = logging.getLogger("vgc")
@@ -41,12 +42,14 @@ class GraphMemory:
         return False
 
     def estimate(self, size: int) -> int:
-        """The most any graph after the first has added (the first: its working set, which the later ones
-        reuse), or the first's when it is the only one. Erring high keeps the budget: the graph pool reserves
-        whole segments, so a size's growth comes in lumps (often 0, then a whole segment), not in proportion to
-        its outputs."""
-        grown = list(self.per_size.values())
-        return max(grown[1:]) if len(grown) > 1 else grown[0]
+        """While the first graph is the only one: its growth scaled to `size` (it holds the working set the later
+        ones reuse, so this errs high). Then: the most any later graph added, scaled up (not down) to `size`:
+        the pool reserves whole segments, so a size's growth comes in lumps (often 0, then a whole segment), not
+        in proportion to its outputs."""
+        (first_key, first), *rest = self.per_size.items()
+        if not rest:
+            return math.ceil(first * min(1.0, size / self.sizes[first_key]))
+        return math.ceil(max(grown * max(1.0, size / self.sizes[key]) for key, grown in rest))
 
     def captured(self, key: Hashable, size: int, grown: int) -> None:
         self.per_size[key] = max(0, grown)

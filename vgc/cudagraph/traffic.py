@@ -307,3 +307,20 @@ def capture_sizes_from_profile(profile: TrafficProfile, max_graphs: int, largest
         raise ProfileError(f"the traffic profile records no call of at most {largest} tokens "
                            "(max_cudagraph_capture_size): no capture size can serve it")
     return choose_sizes(histogram, max_graphs)
+
+
+def value_order(histogram: Mapping[int, int], sizes: Iterable[int]) -> list[int]:
+    """`sizes` in the order a memory budget should keep them: the largest first (every recorded call up to it
+    pads into a graph), then greedily the size that saves the most padded tokens per token of its own (a graph's
+    memory grows with its size) given those before it."""
+    remaining = sorted(set(sizes))
+    if not remaining:
+        return []
+    order = [remaining.pop()]
+    while remaining:
+        base = expected_padding(histogram, order).padded_tokens
+        best = max(remaining, key=lambda s: ((base - expected_padding(histogram, [*order, s]).padded_tokens) / s,
+                                             -s))
+        order.append(best)
+        remaining.remove(best)
+    return order

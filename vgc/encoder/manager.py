@@ -182,7 +182,7 @@ class EncoderCudaGraphManager:
             return self.stats()
         start = time.perf_counter()
         paths = [path for path, levels in self.paths.items() if levels.largest > 0]
-        todo = [(path, b) for path in paths for b in sorted(self.paths[path].budgets, reverse=True) if b > 0]
+        todo = [(path, b) for path in paths for b in self._capture_order(path) if b > 0]
         traced = paths if self._compile else []
         if not self.use_graphs:
             todo = []
@@ -208,6 +208,13 @@ class EncoderCudaGraphManager:
                     self._seconds["compile"], len(self.memory.per_size), self._seconds["capture"],
                     {p: list(b.budgets) for p, b in self.paths.items()}, self.memory.summary())
         return self.stats()
+
+    def _capture_order(self, path: str) -> list[int]:
+        """Largest first (the later graphs reuse its blocks); then, with a traffic profile of the path, by the
+        padding each budget saves per token (what a memory budget keeps), else by size."""
+        budgets = sorted(self.paths[path].budgets, reverse=True)
+        histogram = self.profile.histograms.get(f"{path}.tokens") if self.profile is not None else None
+        return traffic.value_order(histogram, budgets) if histogram else budgets
 
     def _trace(self, path: str) -> None:
         """Trace and compile the path's forward once, at a budget no size of the model can equal.
