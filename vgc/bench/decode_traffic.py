@@ -1,5 +1,6 @@
 """`vgc bench decode --traffic FILE`: a mix of decode batch sizes replayed against capture-size choices, in one
-run: the default sizes, the sizes a traffic profile chooses, and the default sizes under a memory budget.
+run: the default sizes, the sizes a traffic profile chooses, and the default sizes under a memory budget (kept
+largest first, or in the profile's value order).
 
 `--traffic generate` draws the mix from a log-normal distribution of batch sizes 1-`--max-batch` (median ~12,
 a long tail), and records it the way a deployment would: the default row serves a first stream with
@@ -97,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     rows[f"profile <= {args.max_graphs}"] = build(cudagraph_traffic_profile=profile_path,
                                                   cudagraph_max_graphs=args.max_graphs)
     budget_mib = args.budget * rows["default sizes"][1]["graph_mib"]
+    # the default sizes under the budget: by size alone (the largest first), and in the profile's value order
     rows[f"budget {args.budget:.0%}"] = build(cudagraph_memory_budget_mb=budget_mib)
+    rows[f"budget {args.budget:.0%} + profile"] = build(
+        cudagraph_memory_budget_mb=budget_mib, cudagraph_traffic_profile=profile_path,
+        cudagraph_capture_sizes=vgc.CompilationConfig().resolved_capture_sizes())
 
     samples = {name: [] for name in rows}
     chunk = 100
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nvgc bench decode --traffic {args.traffic}: {args.model} bf16 on {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}; {len(timed_stream)} decode steps of batch 1-{max(timed_stream)} (median "
           f"{statistics.median(timed_stream)}), profile recorded from {sum(recorded.values())} other steps")
-    print(f"{'capture sizes':16s}{'sizes':>7s}{'graphs':>8s}{'graph MiB':>11s}{'peak MiB':>10s}{'setup s':>9s}"
+    print(f"{'capture sizes':22s}{'sizes':>7s}{'graphs':>8s}{'graph MiB':>11s}{'peak MiB':>10s}{'setup s':>9s}"
           f"{'mean ms':>9s}{'p99 ms':>8s}{'vs default':>11s}{'padding':>9s}")
     base = statistics.mean(samples["default sizes"])
     results = {}
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         mean, p99 = statistics.mean(times), times[min(len(times) - 1, int(0.99 * len(times)))]
         padding = traffic.expected_padding(Counter(timed_stream), extra["capture_sizes"]).waste
         results[name] = {**extra, "mean_ms": mean, "p99_ms": p99, "padding": padding}
-        print(f"{name:16s}{len(extra['capture_sizes']):7d}{extra['graphs']:8d}{extra['graph_mib']:11.1f}"
+        print(f"{name:22s}{len(extra['capture_sizes']):7d}{extra['graphs']:8d}{extra['graph_mib']:11.1f}"
               f"{extra['peak_mib']:10.1f}{extra['setup_s']:9.1f}{mean:9.3f}{p99:8.3f}{mean / base:10.3f}x"
               f"{padding:9.1%}")
     for name, r in results.items():
