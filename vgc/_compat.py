@@ -410,6 +410,42 @@ def torch_key_hashed_files() -> tuple[str, list[str]]:
                                    os.path.join(inductor, "script.ld")]
 
 
+def triton_package_dir() -> str | None:
+    """Where Triton is installed (the files its key reads), or None without Triton."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return os.path.dirname(triton.__file__)
+
+
+def triton_hash() -> str:
+    """Triton's key with its backend's, as Inductor computes it at an artifact's first load (private
+    `torch.utils._triton`; it reads the whole Triton library)."""
+    import torch.utils._triton as torch_triton
+
+    return torch_triton.triton_hash_with_backend()
+
+
+def preset_triton_hash(value: str) -> bool:
+    """Give Inductor Triton's key instead of letting it compute one: its helper is a `functools.cache` read as a
+    module attribute at each use, so it is replaced by one that knows `value`. False where this torch has no
+    such helper, or the process already computed its own."""
+    import torch.utils._triton as torch_triton
+
+    current = getattr(torch_triton, "triton_hash_with_backend", None)
+    info = getattr(current, "cache_info", None)
+    if info is None or info().currsize:
+        return False
+
+    @functools.cache
+    def triton_hash_with_backend() -> str:
+        return value
+
+    torch_triton.triton_hash_with_backend = triton_hash_with_backend
+    return True
+
+
 def preset_torch_key(value: bytes) -> bool:
     """Give Inductor its torch source hash instead of letting it compute one. torch >= 2.13 caches the key in a
     `prefetchable_cache` with a `set()`; an older torch (a plain `functools.cache`) cannot take it, and a process

@@ -63,8 +63,8 @@ def test_second_process_loads_every_artifact_without_inductor(cold_then_warm):
     assert cold["max_diff"] < 1e-4 and warm["max_diff"] < 1e-4
     # the warm process took Inductor's torch key from the cache (where this torch can take one); a wrong key would
     # have failed every artifact's load and compiled again
-    assert cold["counters"]["torch_keys_remembered"] == 0
-    assert warm["counters"]["torch_keys_remembered"] == int(hasattr(codecache.torch_key, "set"))
+    assert cold["counters"]["source_hashes_remembered"] == 0
+    assert warm["counters"]["source_hashes_remembered"] == int(hasattr(codecache.torch_key, "set"))
     assert warm["cache_dirs"] == cold["cache_dirs"]
 
 

@@ -13,8 +13,8 @@ from vgc.cache.inventory import closest_entry
 from vgc.cache.keys import cache_key, environment_factors, source_factors
 from vgc.cache.layout import CACHE_SUBDIR, make_private_dirs, NOT_A_DIRECTORY, untrusted_reason
 from vgc.cache.recovery import INDUCTOR_SUBDIR
+from vgc.cache.source_hashes import remember_torch_key, remember_triton_key
 from vgc.cache.store import ArtifactStore, NoStore, Store
-from vgc.cache.torch_key import remember_torch_key
 from vgc.config import CompilationConfig
 from vgc.distributed import rank_and_size
 from vgc.log import warn_once
@@ -113,6 +113,7 @@ def open_root(config: CompilationConfig) -> Path | None:
         kernel_root = _use_inductor_cache_under(root)
         remember_cpu_isa_probes()
         remember_torch_key(root)
+        remember_triton_key(root)
         if kernel_root is not None and kernel_root not in _prepared_roots:
             # a kernel half-written by a killed compile fails every later start; once per process is enough
             recovery.remove_damaged_kernels(kernel_root)
