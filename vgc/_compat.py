@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
 import re
 import sys
 import types
@@ -388,78 +387,11 @@ def functorch_config_portable() -> dict[str, Any]:
     return functorch_config.save_config_portable()
 
 
-def torch_key() -> bytes:
-    """Inductor's hash of torch's sources (private `codecache.torch_key`): it keys Inductor's caches, and every
-    artifact checks it at load. Computing it reads and hashes every torch source file."""
-    from torch._inductor.codecache import torch_key as _torch_key
-
-    return _torch_key()
-
-
 def torch_build_key() -> str:
-    """A hash of the installed torch build, as Inductor's own cache keys it."""
+    """A hash of the installed torch build, as Inductor's own cache keys it (private `codecache`)."""
+    from torch._inductor.codecache import torch_key
+
     return torch_key().hex()[:32]
-
-
-def torch_key_hashed_files() -> tuple[str, list[str]]:
-    """The directory whose Python modules `torch_key` hashes, and the other files it reads (private)."""
-    import torch._inductor.codecache as codecache
-
-    inductor = os.path.dirname(codecache.__file__)
-    return codecache._TORCH_PATH, [os.path.join(inductor, "codegen/aoti_runtime/interface.cpp"),
-                                   os.path.join(inductor, "script.ld")]
-
-
-def triton_package_dir() -> str | None:
-    """Where Triton is installed (the files its key reads), or None without Triton."""
-    try:
-        import triton
-    except ImportError:
-        return None
-    return os.path.dirname(triton.__file__)
-
-
-def triton_hash() -> str:
-    """Triton's key with its backend's, as Inductor computes it at an artifact's first load (private
-    `torch.utils._triton`; it reads the whole Triton library)."""
-    import torch.utils._triton as torch_triton
-
-    return torch_triton.triton_hash_with_backend()
-
-
-def preset_triton_hash(value: str) -> bool:
-    """Give Inductor Triton's key instead of letting it compute one: its helper is a `functools.cache` read as a
-    module attribute at each use, so it is replaced by one that knows `value`. False where this torch has no
-    such helper, or the process already computed its own."""
-    import torch.utils._triton as torch_triton
-
-    current = getattr(torch_triton, "triton_hash_with_backend", None)
-    info = getattr(current, "cache_info", None)
-    if info is None or info().currsize:
-        return False
-
-    @functools.cache
-    def triton_hash_with_backend() -> str:
-        return value
-
-    torch_triton.triton_hash_with_backend = triton_hash_with_backend
-    return True
-
-
-def preset_torch_key(value: bytes) -> bool:
-    """Give Inductor its torch source hash instead of letting it compute one. torch >= 2.13 caches the key in a
-    `prefetchable_cache` with a `set()`; an older torch (a plain `functools.cache`) cannot take it, and a process
-    that already computed it keeps its own. True when `value` was taken."""
-    from torch._inductor.codecache import torch_key as _torch_key
-
-    setter = getattr(_torch_key, "set", None)
-    if setter is None:
-        return False
-    try:
-        setter(value)
-    except RuntimeError:   # already known in this process
-        return False
-    return True
 
 
 def cpu_vec_isa() -> str:
@@ -486,8 +418,8 @@ def wrap_cpu_isa_probe(wrap: Callable[[Callable], Callable]) -> bool:
 
 def device_from_inputs(example_inputs) -> torch.device:
     """The device of a graph's first input that has one, else CPU (a graph of only Python numbers): Dynamo's rule
-    for backends (`torch._dynamo.backends.common`), written out because importing that module pulls in
-    AOTAutograd (~0.3 s of a warm start that never compiles)."""
+    for backends (`torch._dynamo.backends.common.device_from_inputs`), written out rather than imported from a
+    private module that pulls in AOTAutograd."""
     return next((x.device for x in example_inputs if hasattr(x, "device")), torch.device("cpu"))
 
 

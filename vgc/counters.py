@@ -31,7 +31,6 @@ class Counters:
     cudagraph_captures: int = 0
     traces_saved: int = 0           # Dynamo programs saved for warm starts (vgc.compile)
     traces_loaded: int = 0          # saved programs a start ran instead of tracing
-    source_hashes_remembered: int = 0  # source hashes (torch's, Triton's) read from the cache, not computed
     static_dispatches: int = field(default=0, metadata=_PER_CALL)    # piece calls served by a compile_sizes artifact
     dynamic_dispatches: int = field(default=0, metadata=_PER_CALL)   # piece calls served by the symbolic-size one
     cudagraph_replays: int = field(default=0, metadata=_PER_CALL)

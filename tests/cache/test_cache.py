@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch._inductor.codecache as codecache
 
 import vgc
-from vgc import _compat, envs
+from vgc import envs
 from vgc.cache import inventory, verify
 from vgc.cache.layout import ARTIFACT_DIR
 from vgc.cli import main as vgc_main
@@ -61,11 +60,6 @@ def test_second_process_loads_every_artifact_without_inductor(cold_then_warm):
     assert warm["counters"]["dynamo_traces"] == 0 and warm["counters"]["traces_loaded"] == 1
     assert (cold["trace_source"], warm["trace_source"]) == ("traced", "saved")
     assert cold["max_diff"] < 1e-4 and warm["max_diff"] < 1e-4
-    # the warm process took Inductor's torch key (and Triton's) from the cache (where this torch can take one); a wrong key would
-    # have failed every artifact's load and compiled again
-    assert cold["counters"]["source_hashes_remembered"] == 0
-    assert warm["counters"]["source_hashes_remembered"] == int(hasattr(codecache.torch_key, "set")) + int(
-        torch.cuda.is_available() and _compat.triton_package_dir() is not None)   # Triton's, on a CUDA machine
     assert warm["cache_dirs"] == cold["cache_dirs"]
 
 

@@ -13,7 +13,6 @@ from vgc.cache.inventory import closest_entry
 from vgc.cache.keys import cache_key, environment_factors, source_factors
 from vgc.cache.layout import CACHE_SUBDIR, make_private_dirs, NOT_A_DIRECTORY, untrusted_reason
 from vgc.cache.recovery import INDUCTOR_SUBDIR
-from vgc.cache.source_hashes import remember_torch_key, remember_triton_key
 from vgc.cache.store import ArtifactStore, NoStore, Store
 from vgc.config import CompilationConfig
 from vgc.distributed import rank_and_size
@@ -112,8 +111,6 @@ def open_root(config: CompilationConfig) -> Path | None:
         # first: computing the key already probes the CPU ISA into Inductor's cache
         kernel_root = _use_inductor_cache_under(root)
         remember_cpu_isa_probes()
-        remember_torch_key(root)
-        remember_triton_key(root)
         if kernel_root is not None and kernel_root not in _prepared_roots:
             # a kernel half-written by a killed compile fails every later start; once per process is enough
             recovery.remove_damaged_kernels(kernel_root)

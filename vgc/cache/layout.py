@@ -16,7 +16,6 @@ INDEX_FILE = "index.json"
 FACTORS_FILE = "cache_key_factors.json"
 ARTIFACT_DIR = "artifacts"
 TRACE_PREFIX, TRACE_SUFFIX = "trace-", ".bin"   # a saved trace: trace-<identity>.bin in a rank dir
-SOURCE_HASH_DIR = "source_hashes"   # <root>/source_hashes/<package>-<installation signature>: remembered hashes
 
 
 def trace_file_name(trace_identity: str) -> str:
