@@ -303,6 +303,21 @@ def test_recorded_sub_batches_choose_the_next_managers_budgets_and_a_memory_budg
     assert budgeted.stats()["path_items"]["default"]["exact"] > 0
 
 
+def test_a_compiled_forward_is_served_under_a_profile_and_a_budget(encoder, simulated_capture, tmp_path):
+    # the manager's profile and budget shape its graphs, not the compile of its forward (an encoder profile is
+    # not a decoder's)
+    path = tmp_path / "p.json"
+    path.write_text('{"vgc_traffic_profile": 1, "kind": "encoder", "histograms": {"default.tokens": {"9": 3, '
+                    '"40": 1}}}')
+    config = vgc.CompilationConfig(cudagraph_mm_encoder=True, cudagraph_traffic_profile=str(path),
+                                   cudagraph_memory_budget_mb=64)
+    manager = EncoderCudaGraphManager(encoder, config)
+    manager.capture()
+    assert manager.stats()["captured_forward"] == {"default": "compiled"} and manager.stats()["captured"]["default"]
+    mm = vit.make_images(CFG, [48, 96], seed=2)
+    assert_items_close(manager.execute(mm), eager_items(encoder, mm))
+
+
 def test_an_encoder_graph_that_runs_out_of_memory_is_skipped(encoder, simulated_capture, monkeypatch):
     from vgc import cuda_runtime
 

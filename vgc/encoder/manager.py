@@ -374,7 +374,9 @@ class EncoderCudaGraphManager:
         encoder_forward.__signature__ = inspect.Signature(
             [inspect.Parameter(key, inspect.Parameter.POSITIONAL_ONLY) for key in keys])
         dims = {k: d for k, d in self.model_config.token_dims.items() if k in keys}
-        config = dataclasses.replace(self.config, cudagraph_mode=CUDAGraphMode.NONE)
+        # the forward compiles without graphs of its own: the manager's graphs and traffic profile are not its
+        config = dataclasses.replace(self.config, cudagraph_mode=CUDAGraphMode.NONE, cudagraph_traffic_profile=None,
+                                     cudagraph_memory_budget_mb=None)
         compiled = CompiledModel(encoder_forward, config, dynamic_arg_dims=dims or None)
         return lambda values: compiled(*(values[key] for key in keys))
 
