@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from vgc.bench.timing import (add_row_flags, copy_bandwidth_gbs, kernels_per_call, print_pass_speedups, row_groups,
-                              time_interleaved, with_pass_twins)
+from vgc.bench.timing import (add_row_flags, copy_bandwidth_gbs, kernels_per_call, llama_on_cuda,
+                              print_pass_speedups, row_groups, time_interleaved, warm_llama, with_pass_twins)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,9 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("vgc bench decode needs a CUDA device")
 
-    cfg = llama.llama_1b_config() if args.model == "llama_1b" else llama.tiny_config()
-    model = llama.Llama(cfg).cuda().eval()
-    kv = llama.make_kv_caches(cfg, "cuda")
+    cfg, model, kv = llama_on_cuda(args.model)
     batch_sizes = [int(b) for b in args.batches.split(",")]
     columns = [(f"decode {b}", lambda b=b: llama.make_batch(cfg, b, "decode", device="cuda", kv_caches=kv))
                for b in batch_sizes]
@@ -79,11 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                       "triton.enable_pdl": True}}
 
     def vgc_model(mode: str, **options):
-        compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode, **options),
-                               pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
-        report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
-                                 make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
-                                                                               kv_caches=kv))
+        compiled, report = warm_llama(model, cfg, kv, vgc.CompilationConfig(cudagraph_mode=mode, **options))
         graphs = report["cudagraphs"] or {}
         return compiled, {"capture_s": graphs.get("capture_seconds", 0.0),
                           "graphs": graphs.get("piecewise_graphs", 0) + graphs.get("full_graphs", 0)}

@@ -24,6 +24,8 @@ from collections import Counter
 
 import torch
 
+from vgc.bench.timing import llama_on_cuda, warm_llama
+
 
 def draw(histogram: dict[int, int], calls: int, seed: int) -> list[int]:
     rng = random.Random(seed)
@@ -60,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("vgc bench decode --traffic needs a CUDA device")
 
-    cfg = llama.llama_1b_config() if args.model == "llama_1b" else llama.tiny_config()
-    model = llama.Llama(cfg).cuda().eval()
-    kv = llama.make_kv_caches(cfg, "cuda")
+    cfg, model, kv = llama_on_cuda(args.model)
     if args.traffic == "generate":
         source = generated_histogram(args.max_batch, args.seed)
     else:
@@ -76,11 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     def build(**options):
         start = time.perf_counter()
         record = options.pop("record", None)
-        compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="full_and_piecewise", **options),
-                               pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode, record=record)
-        report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
-                                 make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
-                                                                               kv_caches=kv))
+        compiled, report = warm_llama(model, cfg, kv,
+                                      vgc.CompilationConfig(cudagraph_mode="full_and_piecewise", **options), record)
         graphs = report["cudagraphs"]
         return compiled, {"setup_s": time.perf_counter() - start, "capture_sizes": graphs["capture_sizes"],
                           "graphs": graphs["piecewise_graphs"] + graphs["full_graphs"],

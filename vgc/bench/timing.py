@@ -1,5 +1,5 @@
 """What the benchmarks share: timing with CUDA events (alone and interleaved), the device's copy bandwidth, kernels
-per call, rows and their '+ passes' twins, the common flags."""
+per call, rows and their '+ passes' twins, the common flags, the reference decoder on CUDA warmed up by vgc."""
 
 from __future__ import annotations
 
@@ -143,3 +143,25 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def llama_on_cuda(name: str):
+    """(cfg, model, kv caches) of the reference decoder `name` ("llama_1b" or "tiny") on CUDA."""
+    from vgc.models import llama
+
+    cfg = llama.llama_1b_config() if name == "llama_1b" else llama.tiny_config()
+    return cfg, llama.Llama(cfg).cuda().eval(), llama.make_kv_caches(cfg, "cuda")
+
+
+def warm_llama(model, cfg, kv, config, record: str | None = None):
+    """`vgc.compile` of the reference decoder with `config`, warmed up on prefill batches with FULL graphs on
+    decode batches over the caches `kv`; (compiled model, warmup()'s report)."""
+    import vgc
+    from vgc.models import llama
+
+    compiled = vgc.compile(model, config=config, pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode,
+                           record=record)
+    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                             make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
+                                                                           kv_caches=kv))
+    return compiled, report
