@@ -76,15 +76,17 @@ class CompiledModel:
         if self.contract is None:
             return self._start(args, kwargs)
         arguments = self._bind(args, kwargs)
-        if self.recorder is not None and not self._warming and self._size_of is not None:
-            self._record(arguments)
         try:
             self.contract.check(arguments)
         except InputMismatchError as e:
             if not self._other_ranges:
                 raise
-            return self._routed(arguments, args, kwargs, e)
-        return self._serve(arguments, args, kwargs)
+            out = self._routed(arguments, args, kwargs, e)
+        else:
+            out = self._serve(arguments, args, kwargs)
+        if self.recorder is not None and not self._warming and self._size_of is not None:
+            self._record(arguments)   # a call that was served: it passed the checks, so its size dim exists
+        return out
 
     def _serve(self, arguments: dict[str, Any], args, kwargs):
         # Inference only: traced and run without autograd, whatever the caller's grad mode.

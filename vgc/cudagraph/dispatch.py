@@ -218,7 +218,7 @@ class GraphDispatcher:
                     cuda_runtime.synchronize(device)
                 except torch.OutOfMemoryError as error:
                     self._undo(size)
-                    memory.out_of_memory(size, error, capture_failure(error))
+                    memory.out_of_memory(size, capture_failure(error))
                     continue
                 now = cuda_runtime.reserved_bytes(device)
                 memory.captured(size, size, now - reserved)

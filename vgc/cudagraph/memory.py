@@ -4,8 +4,8 @@ capture stops at.
 Graphs that share one pool are captured largest first: the first keeps its working set, and the later ones
 reuse those blocks and add about their outputs. A size's memory is the device memory reserved while its graphs
 were captured (the pool's growth, as nothing else allocates then). Before a size is captured, its growth is
-estimated erring high (`estimate`); a size whose estimate would pass the budget is skipped (its calls pad to a larger size,
-or run without a graph), and so is a size whose capture runs out of memory.
+estimated erring high (`estimate`); a size whose estimate would pass the budget is skipped (its calls pad to a
+larger size, or run without a graph), and so is a size whose capture runs out of memory.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class GraphMemory:
                            "the budget of %.1f MiB; no more sizes are captured", key, self.per_size[key] / 2 ** 20,
                            self.total_bytes / 2 ** 20, self.budget_bytes / 2 ** 20)
 
-    def out_of_memory(self, key: Hashable, error: Exception, reason: str) -> None:
+    def out_of_memory(self, key: Hashable, reason: str) -> None:
         self.skipped[key] = f"out of memory while capturing ({reason})"
         logger.warning("CUDA graphs of %s: out of memory while capturing (%s); its calls pad to a larger size or "
                        "run without a graph", key, reason)

@@ -27,7 +27,7 @@ from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
 from vgc.cudagraph import traffic
 from vgc.cudagraph.memory import GraphMemory
-from vgc.cudagraph.runtime import frozen_gc
+from vgc.cudagraph.runtime import capture_failure, frozen_gc
 from vgc.encoder import data_parallel
 from vgc.encoder.pack import budget_levels, pack, PathBudgets, SubBatch
 from vgc.encoder.protocol import (BudgetGraphMetadata, DEFAULT_PATH, EncoderCudaGraphConfig, EncoderItemSpec,
@@ -287,7 +287,7 @@ class EncoderCudaGraphManager:
             graph.replay()   # capture only records: a graph that cannot run fails here, at start-up, not on a request
             cuda_runtime.synchronize(self.device)
         except torch.OutOfMemoryError as error:
-            self.memory.out_of_memory(key, error, f"{type(error).__name__}: {str(error).splitlines()[0]}")
+            self.memory.out_of_memory(key, capture_failure(error))
             return
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"encoder_cudagraph_forward(path={path!r}) must return one tensor, got "
