@@ -140,7 +140,7 @@ def test_a_damaged_profile_is_replaced_with_a_warning_and_an_unwritable_one_only
     gone.add("uniform_decode", 1)
     gone.flush()
     assert "not written" in caplog.text and gone.profile().histograms == {"uniform_decode": {1: 1}}
-    assert not list(tmp_path.glob(".vgc-profile-*"))   # no temporary file left behind
+    assert not list(tmp_path.glob(".*.tmp"))   # no temporary file left behind
     assert traffic.tail_size({1: 1, 2: 1}, 0.5) == 1
 
 

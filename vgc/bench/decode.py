@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from vgc.bench.timing import (add_row_flags, copy_bandwidth_gbs, kernels_per_call, llama_on_cuda,
-                              print_pass_speedups, row_groups, time_interleaved, warm_llama, with_pass_twins)
+from vgc.bench.timing import (add_row_flags, copy_bandwidth_gbs, kernels_per_call, llama_on_cuda, print_pass_speedups,
+                              row_groups, time_interleaved, warm_llama, with_pass_twins)
 
 
 def main(argv: list[str] | None = None) -> int:

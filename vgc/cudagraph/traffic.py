@@ -21,13 +21,16 @@ import json
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Mapping
+
+from vgc.cache.layout import atomic_write
+from vgc.cudagraph.padding import padded_size
 
 logger = logging.getLogger("vgc")
 
@@ -164,17 +167,8 @@ class _Recording:
             profile = self.profile()
             if only_if_new and (not self.counts or profile.histograms == self.written):
                 return
-            data = json.dumps(profile.to_json(), indent=1).encode()
             try:
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(self.path)),
-                                           prefix=".vgc-profile-", suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                    os.replace(tmp, self.path)
-                except BaseException:
-                    os.unlink(tmp)
-                    raise
+                atomic_write(Path(self.path), json.dumps(profile.to_json(), indent=1).encode())
             except OSError as e:
                 logger.warning("traffic profile %s not written (%s); recording goes on in memory", self.path,
                                e.strerror or e)
@@ -183,14 +177,6 @@ class _Recording:
 
 
 # ---- choosing sizes ----------------------------------------------------------------------------------------------
-
-def padded_size_of(size: int, sizes: list[int]) -> int | None:
-    """The smallest of the sorted `sizes` that holds `size`; None above them all."""
-    for s in sizes:
-        if s >= size:
-            return s
-    return None
-
 
 @dataclass(frozen=True)
 class Padding:
@@ -213,7 +199,7 @@ def expected_padding(histogram: Mapping[int, int], sizes: Iterable[int]) -> Padd
     for size, count in histogram.items():
         calls += count
         tokens += size * count
-        target = padded_size_of(size, ordered)
+        target = padded_size(size, ordered)
         if target is None:
             ungraphed += count
         else:
@@ -250,19 +236,19 @@ def choose_sizes(histogram: Mapping[int, int], max_sizes: int, *, cover: float =
     top = tail_size(histogram, cover)
     if candidates is not None:
         pool = sorted({c for c in candidates if c >= 1})
-        rounded = padded_size_of(top, pool)
+        rounded = padded_size(top, pool)
         if rounded is None:
             raise ValueError(f"no candidate size holds {top}, the size the traffic's tail needs (largest candidate "
                              f"{pool[-1] if pool else None})")
         top = rounded
         # each recorded size is served by the smallest candidate holding it: those are the only useful sizes
-        values = sorted({padded_size_of(s, pool) for s in histogram if s <= top} - {None})
+        values = sorted({padded_size(s, pool) for s in histogram if s <= top} - {None})
     else:
         values = sorted(s for s in histogram if s <= top)
     counts = Counter()
     for size, count in histogram.items():
         if size <= top:
-            counts[padded_size_of(size, values)] += count
+            counts[padded_size(size, values)] += count
     m = len(values)
     # prefix[i]: the calls at values[0..i-1]
     prefix = [0] * (m + 1)
