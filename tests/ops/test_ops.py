@@ -238,3 +238,28 @@ def test_varlen_attention_attends_within_each_sequence_and_zeroes_padding_rows()
     want = want.transpose(0, 1)
     torch.testing.assert_close(out[:10], want[:10], atol=1e-5, rtol=1e-5)
     assert out[10:].abs().max() == 0 and out.is_contiguous()
+
+
+@pytest.mark.parametrize("name, specs, pad", [
+    ("speculative k=3", [(c, 4) for c in (1, 5, 12, 0)], 0),
+    ("speculative k=3, padded", [(c, 4) for c in (3, 9)], 8),
+    ("mixed", CASES["mixed"]["specs"], 2),
+    ("prefill", CASES["prefill"]["specs"], 0),
+])
+def test_inside_a_graph_several_tokens_per_sequence_attend_on_the_device(name, specs, pad, monkeypatch):
+    # inside a capture no host sync is allowed: the op then finds each token's sequence on the device
+    import sys
+
+    from vgc import cuda_runtime
+
+    attention_module = sys.modules["vgc.ops.attention"]   # the package exports the op under the module's name
+    case = make_case(specs, pad=pad)
+    monkeypatch.setattr(cuda_runtime, "stream_capturing", lambda: True)
+    reads = []
+    monkeypatch.setattr(attention_module, "_read_lengths", lambda *a: reads.append(a))   # a host read shows here
+    out, kc, vc = run_op(case)
+    ref_out, ref_kc, ref_vc = reference_attention(**case)
+    torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=0, msg=name)
+    assert_same(kc, ref_kc)
+    assert_same(vc, ref_vc)
+    assert not reads

@@ -81,12 +81,15 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     _check_args(output, query, key, value, key_cache, value_cache,
                 slot_mapping, block_table, seq_lens, query_start_loc)
     decode = query.shape[0] == seq_lens.shape[0]
-    if not decode and cuda_runtime.stream_capturing():
-        raise RuntimeError(
-            f"vgc::attention cannot run inside a CUDA graph capture for {query.shape[0]} tokens over "
-            f"{seq_lens.shape[0]} sequences: only decode batches (one token per sequence) run without a host "
-            "sync; capture such batches as PIECEWISE graphs (attention between the graphs)")
     use_triton = use_sdpa and triton_attention.HAS_TRITON and query.is_cuda
+    if not decode and cuda_runtime.stream_capturing():
+        # Several tokens per sequence inside a graph (speculative decoding's 1 + k): no host sync allowed
+        if use_triton:
+            triton_attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
+        else:
+            _write_kv(key, value, key_cache, value_cache, slot_mapping)
+        _attend_on_device(output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
+        return
     if use_triton and decode:
         # As many tokens as sequences means one token per sequence (the op's contract): token t is sequence
         # t's last position. Decided from shapes, with no host sync, so it also runs inside a CUDA graph.
@@ -189,6 +192,32 @@ def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,
     out = _sdpa(q, k.transpose(1, 2), v.transpose(1, 2),
                 valid[:, None, None, :], False, scale)
     output[rows] = out.squeeze(2).to(output.dtype)
+
+
+def _attend_on_device(output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
+    """Every token against its own sequence's cached keys, with no host sync (a CUDA graph can hold it): each
+    token finds its sequence in `query_start_loc` on the device and attends the positions up to its own, over
+    keys gathered to the block table's full width. Memory grows with tokens x that width: for the few tokens
+    per sequence of a speculative-decoding step, not for prefill. Tokens past the last sequence (padding) get 0."""
+    num_tokens, block_size = query.shape[0], key_cache.shape[1]
+    device = query.device
+    token = torch.arange(num_tokens, device=device)
+    ends = query_start_loc[1:].long()
+    seq = torch.searchsorted(ends, token, right=True).clamp(max=seq_lens.shape[0] - 1)
+    real = token < query_start_loc[-1]
+    lens = seq_lens.long()[seq]
+    position = lens - (ends[seq] - token)                       # this token's position in its sequence
+    width = block_table.shape[1]
+    needed = torch.arange(width, device=device) * block_size < lens[:, None]
+    blocks = block_table.long()[seq].where(needed, 0)           # entries past a sequence's last block: anything
+    keys = torch.arange(width * block_size, device=device)
+    visible = (keys[None, :] <= position[:, None]) & real[:, None]                  # [T, L]
+    kv_mask = visible[:, :, None, None]
+    k = key_cache[blocks].flatten(1, 2).where(kv_mask, 0)       # zeros: the cache may hold NaN past a sequence
+    v = value_cache[blocks].flatten(1, 2).where(kv_mask, 0)
+    visible = visible | ~real[:, None]                          # padding attends something, then is zeroed
+    out = _sdpa(query.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), visible[:, None, None, :], False, scale)
+    output.copy_(out.squeeze(2).where(real[:, None, None], 0).to(output.dtype))
 
 
 def _write_kv(key, value, key_cache, value_cache, slot_mapping):
