@@ -250,3 +250,23 @@ def test_graph_memory_is_measured_and_a_budget_skips_sizes_on_a_real_pool(tiny_f
             batch = llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv)
             out = compiled(**batch).clone()
             torch.testing.assert_close(out, model(**llama.make_batch(cfg, n, "decode", device="cuda")), **FP32_TOL)
+
+
+def test_speculative_decoding_batches_replay_real_full_graphs(tiny_fp32, fresh_counters, no_cache):
+    cfg, model = tiny_fp32
+    kv = llama.make_kv_caches(cfg, "cuda")
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="full_and_piecewise",
+                                                               cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32],
+                                                               uniform_decode_query_len=4),
+                           pad_values=llama.PAD_VALUES, uniform_decode=llama.uniform_decode_of(4))
+    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                             make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
+                                                                           kv_caches=kv, query_len=4))
+    assert report["cudagraphs"]["full_graphs"] == 4
+    with fresh_counters.expect(cudagraph_captures=0, eager_runs=0) as d, torch.no_grad():
+        for sequences in (1, 3, 5, 8):
+            batch = llama.make_batch(cfg, 4 * sequences, "decode", device="cuda", kv_caches=kv, query_len=4)
+            out = compiled(**batch).clone()
+            eager = model(**llama.make_batch(cfg, 4 * sequences, "decode", device="cuda", query_len=4))
+            torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{sequences} sequences")
+    assert d["cudagraph_replays"] == 4

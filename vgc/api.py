@@ -185,7 +185,8 @@ class CompiledModel:
             graphs = GraphDispatcher(self._call_arguments, graph_mode, self._capture_sizes(),
                                      padded_dims(dynamic, arguments), self.pad_values, self.uniform_decode,
                                      self.backend.graph_runtime, arguments, out,
-                                     graph.input_check.by_argument_name() if graph.input_check else None)
+                                     graph.input_check.by_argument_name() if graph.input_check else None,
+                                     self.config.uniform_decode_query_len)
         self.contract, self.graphs = contract, graphs   # together: a call sees a whole traced model or none
         total = time.perf_counter() - start
         self._seconds.update(trace.seconds, first_call=total)

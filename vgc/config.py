@@ -254,6 +254,11 @@ class CompilationConfig:
     cudagraph_max_graphs: int = _field(
         "With a traffic profile: the most capture sizes (decoder) or token budgets per path (encoder) it chooses.",
         _int_at_least(1), in_hash=False, default=16)
+    uniform_decode_query_len: int = _field(
+        "Tokens per sequence in a uniform decode batch: 1, or 1 + k with k speculative (draft) tokens. FULL graphs "
+        "are captured at the capture sizes that are multiples of it, and a uniform decode call pads each input "
+        "to the extents its FULL graph was captured with (tokens and sequences alike).", _int_at_least(1),
+        in_hash=False, default=1)
     compile_ranges_max_size: int = _field(
         "`vgc.compile` compile ranges: `warmup(make_inputs)` covers the sizes 2 up to this one. Where the model's "
         "size conditions (a branch on a dynamic size, a window, a bound in Inductor's code) split them, each side "

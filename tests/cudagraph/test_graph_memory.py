@@ -155,3 +155,30 @@ def test_under_a_budget_with_a_profile_the_graphs_kept_are_the_ones_worth_the_mo
     assert memory["total_bytes"] <= budget and 8 in memory["skipped_sizes"]
     with simulated_cuda.expect(cudagraph_captures=0):
         check_equal_eager(compiled, model, cfg, kv, sizes=(1, 2, 9, 16))
+
+
+def test_speculative_decoding_batches_replay_full_graphs(tiny, simulated_cuda):
+    # k = 3 draft tokens: 4 tokens per sequence is the uniform decode shape; FULL graphs at the capture sizes
+    # that are multiples of 4, each call padded to its graph's tokens and sequences
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="full_and_piecewise",
+                                                               cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32],
+                                                               uniform_decode_query_len=4),
+                           pad_values=llama.PAD_VALUES, uniform_decode=llama.uniform_decode_of(4))
+    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", kv_caches=kv),
+                             make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", kv_caches=kv,
+                                                                           query_len=4))
+    assert report["cudagraphs"]["full_graphs"] == 4   # 4, 8, 16, 32 tokens: 1, 2, 4, 8 sequences
+    with simulated_cuda.expect(cudagraph_captures=0, eager_runs=0) as d, torch.no_grad():
+        for sequences in (1, 2, 3, 5, 7, 8):
+            batch = llama.make_batch(cfg, 4 * sequences, "decode", kv_caches=kv, query_len=4)
+            out = compiled(**batch).clone()
+            eager_batch = llama.make_batch(cfg, 4 * sequences, "decode", query_len=4)
+            torch.testing.assert_close(out, model(**eager_batch), **FP32_TOL, msg=f"{sequences} sequences")
+            for cache, eager_cache in zip(kv, eager_batch["kv_caches"]):   # padded tokens wrote nothing
+                torch.testing.assert_close(cache, eager_cache, **FP32_TOL)
+    assert d["cudagraph_replays"] == 6   # one FULL replay per call, no piece graphs
+    with torch.no_grad():   # other batches still run their piece graphs
+        out = compiled(**llama.make_batch(cfg, 13, "prefill", kv_caches=kv)).clone()
+        torch.testing.assert_close(out, model(**llama.make_batch(cfg, 13, "prefill")), **FP32_TOL)

@@ -53,7 +53,7 @@ class GraphDispatcher:
     def __init__(self, call: Callable[[dict], Any], mode: CUDAGraphMode, capture_sizes: list[int],
                  dynamic: dict[str, int], pad_values: dict | None, uniform_decode: Callable[[dict], bool] | None,
                  runtime: GraphRuntime, traced_arguments: dict, traced_output: Any,
-                 id_check: Callable[[dict], None] | None = None):
+                 id_check: Callable[[dict], None] | None = None, query_len: int = 1):
         self.call = call
         self.id_check = id_check   # token ids: a FULL replay skips the compiled forward, and its check with it
         self.mode = mode
@@ -65,6 +65,10 @@ class GraphDispatcher:
         self.uniform_decode = uniform_decode
         self.runtime = runtime
         self.full: dict[int, _FullGraph] = {}
+        self.full_sizes: list[int] = []   # sorted keys of `full`
+        # tokens per sequence of a uniform decode batch; above 1 (speculative decoding), a FULL graph is captured
+        # at each capture size that is a multiple of it, and a call pads each input to that graph's extents
+        self.query_len = query_len
         self.stats = GraphStats()
         self._debug = ReplaySampler()
         # (output shapes, batch size) of the traced call, to learn which output dims follow the batch size.
@@ -89,6 +93,11 @@ class GraphDispatcher:
 
     def run(self, arguments: dict):
         size = self.batch_size(arguments)
+        if self.query_len > 1 and self.use_full and self.may_pad and (
+                self.uniform_decode is None or self.uniform_decode(arguments)):
+            out = self._run_full_per_input(arguments, size)
+            if out is not None:
+                return out
         padded = padded_size(size, self.capture_sizes)
         if padded != size and not self.may_pad:
             padded = None
@@ -115,6 +124,27 @@ class GraphDispatcher:
         out = self._slice(out, size)
         if self.runtime.debug and self._debug.due(padded):
             check_replay(out, lambda: self.call(arguments), f"padded size {padded}")
+        return out
+
+    def _run_full_per_input(self, arguments: dict, size: int):
+        """A uniform decode call of several tokens per sequence on the smallest FULL graph that holds it, each
+        input padded to the extent the graph was captured with (sequence inputs grow by fewer entries than token
+        inputs); None when no FULL graph holds it."""
+        full = self.full.get(padded_size(size, self.full_sizes))
+        if full is None:
+            return None
+        extents = {name: full.shapes[name][dim] for name, dim in self.dynamic.items()}
+        padded = self.static.pad_to(arguments, self.dynamic, extents)
+        if padded is None:
+            return None
+        if self.id_check is not None:
+            self.id_check(arguments)
+        self._check_pinned(full, arguments)   # the pinned ones (KV caches) are not padded
+        full.graph.replay()
+        counters.cudagraph_replays += 1
+        out = self._slice(full.output, size)
+        if self.runtime.debug and self._debug.due(("full", extents[self.size_arg])):
+            check_replay(out, lambda: self.call(arguments), f"FULL graph of {extents[self.size_arg]} tokens")
         return out
 
     # ---- for callers that own the inputs ----
@@ -247,7 +277,7 @@ class GraphDispatcher:
             arguments = self._pad(make_inputs(size), size, size)
             self.call(arguments)       # warm-up at this size: lazy kernel loading happens here
             self.learn_output_dims(self.call(arguments), size)   # pieces capture, then replay
-        if self.use_full:
+        if self.use_full and size % self.query_len == 0:
             arguments = make_full_inputs(size)
             if self.uniform_decode is not None and not self.uniform_decode(arguments):
                 raise ValueError("the inputs made for FULL CUDA graph capture are not uniform decode "
@@ -257,6 +287,7 @@ class GraphDispatcher:
     def _undo(self, size: int) -> None:
         """Forget every graph of `size` (a capture that failed part-way): its calls pad to another size."""
         self.full.pop(size, None)
+        self.full_sizes = sorted(self.full)
         for piece in self.runtime.pieces:
             piece.entries.pop(size, None)
             piece.failed_sizes.add(size)
@@ -268,6 +299,7 @@ class GraphDispatcher:
         graph.replay()
         shapes = {name: arguments[name].shape for name in self.dynamic}
         self.full[size] = _FullGraph(graph, output, self._pinned(arguments), shapes, arguments)
+        self.full_sizes = sorted(self.full)
         self.learn_output_dims(output, size)
         self.runtime.counters.add(cudagraph_captures=1)
 

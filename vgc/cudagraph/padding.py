@@ -121,6 +121,18 @@ class StaticInputs:
         buffer = self.buffers.get(name)
         return buffer is not None and tensor.shape[dim] + padded - batch_size <= buffer.shape[dim]
 
+    def pad_to(self, arguments: dict, dims: dict[str, int], extents: dict[str, int]) -> dict | None:
+        """Every dynamic argument copied into its buffer and padded up to its own extent (inputs that count
+        sequences grow by fewer entries than those that count tokens); None when one is longer than that."""
+        out = {}
+        for name, dim in dims.items():
+            value = arguments[name]
+            pad = extents[name] - value.shape[dim]
+            if pad < 0:
+                return None
+            out[name] = pad_into(self.buffers[name], value, dim, pad, self.pad_values.get(name, 0))
+        return out
+
     def pad_all(self, arguments: dict, dims: dict[str, int], pad: int) -> dict:
         """Every dynamic argument (name -> its padded dim) copied into its buffer and padded by `pad`."""
         jobs = [(self.buffers[name], arguments[name], dim, self.pad_values.get(name, 0)) for name, dim in dims.items()]

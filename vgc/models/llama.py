@@ -28,7 +28,7 @@ from vgc import ops as _ops  # noqa: F401  (registers torch.ops.vgc.attention)
 from vgc.ops.collectives import register_group
 
 __all__ = ["LlamaConfig", "Llama", "tiny_config", "llama_1b_config", "llama_8b_config",
-           "make_kv_caches", "make_batch", "PAD_VALUES", "is_uniform_decode"]
+           "make_kv_caches", "make_batch", "PAD_VALUES", "is_uniform_decode", "uniform_decode_of"]
 
 
 @dataclasses.dataclass
@@ -314,28 +314,39 @@ def is_uniform_decode(batch: dict) -> bool:
     return batch["input_ids"].shape[0] == batch["seq_lens"].shape[0]
 
 
+def uniform_decode_of(query_len: int):
+    """`is_uniform_decode` for `query_len` tokens per sequence (speculative decoding: 1 + k), from shapes alone.
+    The batches the caller makes must keep that promise: a prefill of `query_len` tokens per sequence passes too."""
+    def is_uniform(batch: dict) -> bool:
+        return batch["input_ids"].shape[0] == query_len * batch["seq_lens"].shape[0]
+    return is_uniform
+
+
 def make_batch(cfg: LlamaConfig, num_tokens: int, kind: str = "prefill",
-               device="cpu", seed: int = 0, kv_caches: list[torch.Tensor] | None = None) -> dict:
+               device="cpu", seed: int = 0, kv_caches: list[torch.Tensor] | None = None,
+               query_len: int = 1) -> dict:
     """Forward kwargs for a deterministic synthetic batch.
 
     The KV caches are fresh, or the given ones zeroed and refilled (CUDA graphs need caches that stay put).
 
     prefill: up to 4 sequences of new tokens from position 0, sizes as equal
-    as possible. decode: one new token per sequence, sequence i having
-    ``1 + (7 * i) % 29`` earlier tokens whose K/V are random cache entries.
-    Physical blocks are a random permutation, so that the block table is
+    as possible. decode: `query_len` new tokens per sequence (1, or 1 + k with k speculative draft tokens;
+    `num_tokens` a multiple of it), sequence i having ``1 + (7 * i) % 29`` earlier tokens whose K/V are random
+    cache entries. Physical blocks are a random permutation, so that the block table is
     really exercised; unused block_table entries are 0.
     """
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    if query_len < 1 or num_tokens % query_len:
+        raise ValueError(f"num_tokens ({num_tokens}) must be a multiple of query_len ({query_len}), which is >= 1")
     if kind == "prefill":
         num_seqs = min(4, num_tokens)
         base, extra = divmod(num_tokens, num_seqs)
         q_lens = [base + (i < extra) for i in range(num_seqs)]
         contexts = [0] * num_seqs
     elif kind == "decode":
-        q_lens = [1] * num_tokens
-        contexts = [1 + (7 * i) % 29 for i in range(num_tokens)]
+        q_lens = [query_len] * (num_tokens // query_len)
+        contexts = [1 + (7 * i) % 29 for i in range(len(q_lens))]
     else:
         raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
 
