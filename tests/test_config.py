@@ -26,7 +26,7 @@ def test_config_fields_keep_their_names_and_defaults():
     assert [f.name for f in dataclasses.fields(config)] == [
         "splitting_ops", "compile_sizes", "inductor_compile_config", "compile_sizes_inductor_config",
         "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_memory_budget_mb",
-        "cudagraph_traffic_profile", "cudagraph_max_graphs", "compile_ranges_max_size",
+        "cudagraph_traffic_profile", "cudagraph_max_graphs", "uniform_decode_query_len", "compile_ranges_max_size",
         "dynamic_shapes_config",
         "cache_dir", "compile_cache_save_format", "cudagraph_mm_encoder", "encoder_cudagraph_token_budgets",
         "encoder_cudagraph_max_vision_items_per_batch", "encoder_cudagraph_max_frames_per_batch", "pass_config",
@@ -47,8 +47,8 @@ def test_config_hash_covers_the_codegen_fields_and_is_stable():
     assert config.compute_hash() == "4a23e61e120de25e"
     assert vgc.CompilationConfig(debug=True, cudagraph_mode="full", cudagraph_capture_sizes=[4],
                                  max_cudagraph_capture_size=64, cudagraph_memory_budget_mb=100,
-                                 cudagraph_traffic_profile="traffic.json", cudagraph_max_graphs=4
-                                 ).compute_hash() == config.compute_hash()   # a profile shapes graphs, not code
+                                 cudagraph_traffic_profile="traffic.json", cudagraph_max_graphs=4,
+                                 uniform_decode_query_len=4).compute_hash() == config.compute_hash()   # a profile shapes graphs, not code
 
 
 def test_config_values_are_normalised():
@@ -72,6 +72,7 @@ def test_config_values_are_normalised():
     ({"cudagraph_memory_budget_mb": 0}, "cudagraph_memory_budget_mb must be None or a positive number, got 0"),
     ({"cudagraph_memory_budget_mb": "1G"}, "cudagraph_memory_budget_mb must be None or a positive number, got '1G'"),
     ({"cudagraph_max_graphs": 0}, "cudagraph_max_graphs must be a positive int, got 0"),
+    ({"uniform_decode_query_len": 0}, "uniform_decode_query_len must be a positive int, got 0"),
     ({"cudagraph_traffic_profile": 3}, "cudagraph_traffic_profile must be a path string or None, got 3"),
     ({"encoder_cudagraph_token_budgets": [2.5]}, "encoder_cudagraph_token_budgets must be positive ints, got 2.5"),
     ({"max_cudagraph_capture_size": 0}, "max_cudagraph_capture_size must be a positive int, got 0"),
