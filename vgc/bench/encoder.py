@@ -500,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     profile_dir = tempfile.mkdtemp(prefix="vgc-bench-encoder-profiles-")
     results: dict[str, dict] = {}
     start = time.perf_counter()
+
     def make_requests(s: str, kind: str, count: int, seed: int) -> list[dict]:
         if kind == "two_tower":
             return [two_tower.make_images(tt_cfg, crops, device=device, seed=seed * 1_000_003 + i)
