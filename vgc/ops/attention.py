@@ -83,7 +83,8 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     decode = query.shape[0] == seq_lens.shape[0]
     use_triton = use_sdpa and triton_attention.HAS_TRITON and query.is_cuda
     if not decode and cuda_runtime.stream_capturing():
-        # Several tokens per sequence inside a graph (speculative decoding's 1 + k): no host sync allowed
+        # Several tokens per sequence inside a graph (speculative decoding's 1 + k): no host sync allowed (the
+        # pure-torch KV write selects valid slots on the host: a GPU capture needs Triton's)
         if use_triton:
             triton_attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
         else:
