@@ -107,22 +107,36 @@ def test_inputs_that_move_once_per_generate_keep_their_graph(tiny, simulated_cud
 
 @pytest.mark.parametrize("mode", ["full", "full_and_piecewise"])
 def test_a_batch_attention_cannot_capture_falls_back_to_piecewise_graphs(mode, tiny, simulated_cuda, caplog):
-    """vgc::attention refuses to be captured for prefill (it reads lengths on the host): that signature runs on
-    piece graphs, with one warning naming the op; decode batches still get their FULL graph."""
+    """vgc::attention refuses to be captured for prefill of more than 16 tokens per sequence (attending them
+    without a host sync would gather keys per token): that signature runs on piece graphs, with one warning
+    naming the op; decode batches still get their FULL graph."""
     counters = simulated_cuda
     cfg, model = tiny
     kv = llama.make_kv_caches(cfg)
-    compiled = _dropin(model, mode)
+    compiled = _dropin(model, mode, sizes=(72,))
     caplog.set_level(logging.WARNING, logger="vgc")
     with torch.no_grad():
         for seed in range(4):
-            _check_step(cfg, model, compiled, 8, "prefill", kv, seed)
+            _check_step(cfg, model, compiled, 72, "prefill", kv, seed)   # 4 sequences of 18 tokens
         warnings = [r.getMessage() for r in caplog.records if "capture failed" in r.getMessage()]
         assert len(warnings) == 1 and "vgc::attention" in warnings[0] and "PIECEWISE" in warnings[0]
         assert counters.cudagraph_captures == 3   # the three compiled pieces, each with its own graph
         with counters.expect(cudagraph_captures=1):
             for seed in range(3):
-                _check_step(cfg, model, compiled, 8, "decode", kv, seed)
+                _check_step(cfg, model, compiled, 72, "decode", kv, seed)
+
+
+def test_a_few_tokens_per_sequence_get_a_full_graph(tiny, simulated_cuda):
+    """A short prefill (4 sequences of 2 tokens, the shape of speculative decoding with one draft token) is
+    captured whole: attention finds each token's sequence on the device."""
+    counters = simulated_cuda
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = _dropin(model, "full")
+    with torch.no_grad():
+        for seed in range(4):
+            _check_step(cfg, model, compiled, 8, "prefill", kv, seed)
+    assert counters.cudagraph_captures == 1 and counters.cudagraph_replays == 2
 
 
 def test_sizes_outside_the_capture_list(tiny, simulated_cuda):

@@ -83,6 +83,12 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     decode = query.shape[0] == seq_lens.shape[0]
     use_triton = use_sdpa and triton_attention.HAS_TRITON and query.is_cuda
     if not decode and cuda_runtime.stream_capturing():
+        if query.shape[0] > _MAX_TOKENS_PER_SEQUENCE_IN_GRAPH * seq_lens.shape[0]:
+            raise RuntimeError(
+                f"vgc::attention cannot run inside a CUDA graph capture for {query.shape[0]} tokens over "
+                f"{seq_lens.shape[0]} sequences: a graph takes at most {_MAX_TOKENS_PER_SEQUENCE_IN_GRAPH} tokens "
+                "per sequence (decode, speculative decoding), which attend without a host sync; capture such "
+                "batches as PIECEWISE graphs (attention between the graphs)")
         # Several tokens per sequence inside a graph (speculative decoding's 1 + k): no host sync allowed (the
         # pure-torch KV write selects valid slots on the host: a GPU capture needs Triton's)
         if use_triton:
@@ -193,6 +199,11 @@ def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,
     out = _sdpa(q, k.transpose(1, 2), v.transpose(1, 2),
                 valid[:, None, None, :], False, scale)
     output[rows] = out.squeeze(2).to(output.dtype)
+
+
+# Inside a graph, a batch of more tokens than sequences attends over keys gathered per token to the block table's
+# width: fine for the few tokens per sequence of speculative decoding, a memory hazard for prefill.
+_MAX_TOKENS_PER_SEQUENCE_IN_GRAPH = 16
 
 
 def _attend_on_device(output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
