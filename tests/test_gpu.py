@@ -180,7 +180,7 @@ def test_dropin_full_graphs_equal_eager_and_follow_a_moved_kv_cache(mode, tiny_f
             step(8, "decode", other, 5)
         with fresh_counters.expect(cudagraph_captures=1):                 # and captures again at the new address
             step(8, "decode", other, 6)
-        for seed in range(3):   # prefill cannot be captured whole (attention syncs): piece graphs serve it
+        for seed in range(3):   # 4 tokens per sequence: captured whole, attention finding sequences on the device
             step(16, "prefill", kv, seed)
         for n in (16, 16, 16, 5):   # a second symbolic size: captured; 5 is not a capture size
             step(n, "decode", kv, n)
