@@ -155,7 +155,11 @@ def _cases(bundle: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
     def add(name, path, reason):
         cases[name] = (path, reason)
 
-    for name, size in (("cut at half", len(raw) // 2), ("cut to 10 bytes", 10), ("cut after the manifest", 2048)):
+    with tarfile.open(bundle) as tar:   # a cut where a member's header starts reads as a shorter, valid archive
+        offsets = [member.offset for member in tar]
+    boundary = offsets[len(offsets) // 2]
+    for name, size in (("cut at half", len(raw) // 2), ("cut to 10 bytes", 10), ("cut after the manifest", 2048),
+                       ("cut at a member boundary", boundary)):
         path = tmp / f"{name}.vgcb"
         path.write_bytes(raw[:size])
         add(name, path, "cut short" if size > 1024 else "not a vgc bundle")
