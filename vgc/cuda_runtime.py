@@ -97,3 +97,13 @@ def peak_reserved_bytes(device) -> int:
 
 def peak_allocated_bytes(device) -> int:
     return torch.cuda.max_memory_allocated(device)
+
+
+def peak_allocated_by(fn, device) -> int:
+    """The most memory `fn()` allocated at once beyond what was allocated before it (synchronized around)."""
+    synchronize(device)
+    before = allocated_bytes(device)
+    reset_peak_memory(device)
+    fn()
+    synchronize(device)
+    return max(0, peak_allocated_bytes(device) - before)

@@ -264,13 +264,11 @@ class GraphDispatcher:
     def _run_peak_bytes(self, inputs: dict, size: int, device) -> int:
         """The peak memory a run at `size` allocates, without graphs: what a first graph keeps as its pool."""
         arguments = self._pad(inputs, size, size)
-        cuda_runtime.synchronize(device)
-        before = cuda_runtime.allocated_bytes(device)
-        cuda_runtime.reset_peak_memory(device)
-        with bypass_piece_graphs():
-            self.call(arguments)
-        cuda_runtime.synchronize(device)
-        return max(0, cuda_runtime.peak_allocated_bytes(device) - before)
+
+        def run():
+            with bypass_piece_graphs():
+                self.call(arguments)
+        return cuda_runtime.peak_allocated_by(run, device)
 
     def _capture_size(self, size: int, make_inputs, make_full_inputs, device) -> None:
         if self.use_piecewise:

@@ -301,12 +301,7 @@ class EncoderCudaGraphManager:
     def _run_peak_bytes(self, path: str, budget: int) -> int:
         """The peak memory the path's forward allocates at `budget`: what the first graph keeps as its pool."""
         values = self._capture_inputs(path, budget)
-        cuda_runtime.synchronize(self.device)
-        before = cuda_runtime.allocated_bytes(self.device)
-        cuda_runtime.reset_peak_memory(self.device)
-        self._forward(path, values)(values)
-        cuda_runtime.synchronize(self.device)
-        return max(0, cuda_runtime.peak_allocated_bytes(self.device) - before)
+        return cuda_runtime.peak_allocated_by(lambda: self._forward(path, values)(values), self.device)
 
     def _calibrate(self, path: str) -> None:
         """Time each budget's graph against the compiled forward at the same size, smallest budget first, and
