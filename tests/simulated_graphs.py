@@ -1,7 +1,12 @@
 """A stand-in for CUDA graph capture on the CPU, for tests and their worker processes (no environment changes
 on import, unlike conftest)."""
 
-from vgc import cuda_runtime
+import contextlib
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vgc import _compat, cuda_runtime
 from vgc.cudagraph.padding import output_tensors
 from vgc.cudagraph.runtime import bypass_piece_graphs
 
@@ -32,6 +37,43 @@ class RecordedGraph:
             old.copy_(new)
 
 
+class _SegmentRecorder(TorchDispatchMode):
+    """Records every operator a captured segment runs, with the tensors it ran on (their addresses, in a graph)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+class RecordedSegment:
+    """A segment of a breakable capture: its replay runs the recorded operators again on the same tensors and
+    writes each result into the tensor the capture produced, as a graph's kernels would; no Python of the
+    forward runs. The first replay (right after capture) does nothing: capture already ran the operators."""
+
+    def __init__(self, recorder: _SegmentRecorder, capturing: list):
+        self.ops, self.first, self.capturing = recorder.ops, True, capturing
+
+    def replay(self):
+        if self.first:
+            self.first = False
+            return
+        self.capturing[0] = True
+        try:
+            for func, args, kwargs, out in self.ops:
+                fresh = func(*args, **kwargs)
+                for old, new in zip(_compat.tree_leaves(out), _compat.tree_leaves(fresh)):
+                    if isinstance(old, torch.Tensor) and old is not new:
+                        old.copy_(new)
+        finally:
+            self.capturing[0] = False
+
+
 def install_simulated_capture(setattr=setattr) -> None:
     """Graph capture and replay through `RecordedGraph`, on whatever device the tensors are. While `fn` is being
     captured, `runtime.stream_capturing()` says so, as it would on a GPU. `setattr`: monkeypatch's, in a test;
@@ -49,6 +91,20 @@ def install_simulated_capture(setattr=setattr) -> None:
         pool["bytes"] += sum(t.numel() * t.element_size() for t in output_tensors(outputs))
         return RecordedGraph(fn, outputs, capturing), outputs
 
+    def begin_segment(pool_handle):
+        recorder = _SegmentRecorder()
+        recorder.__enter__()
+        capturing[0] = True
+        return recorder
+
+    def end_segment(recorder):
+        capturing[0] = False
+        recorder.__exit__(None, None, None)
+        return RecordedSegment(recorder, capturing)
+
+    setattr(cuda_runtime, "begin_segment", begin_segment)
+    setattr(cuda_runtime, "end_segment", end_segment)
+    setattr(cuda_runtime, "segment_stream", contextlib.nullcontext)
     setattr(cuda_runtime, "stream_capturing", lambda: capturing[0])
     setattr(cuda_runtime, "capture", capture)
     setattr(cuda_runtime, "synchronize", lambda device: None)

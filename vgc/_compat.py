@@ -733,6 +733,20 @@ def tree_map(fn: Callable, tree):
     return _pytree.tree_map(fn, tree)
 
 
+def tree_flatten(tree) -> tuple[list, Any]:
+    """(leaves, spec) of `tree`, for `tree_unflatten`: the same walk as `tree_leaves`."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_flatten(tree)
+
+
+def tree_unflatten(leaves: list, spec):
+    """The structure `spec` (from `tree_flatten`) rebuilt around `leaves`."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_unflatten(leaves, spec)
+
+
 def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA (the private
     `torch._foreach_copy_`)."""

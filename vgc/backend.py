@@ -19,7 +19,7 @@ from vgc.cache.store import Fetched
 from vgc.capture import request_checks
 from vgc.capture.model_state import StateTensor
 from vgc.capture.size_guards import snapshot_shape_guards
-from vgc.config import CompilationConfig, CUDAGraphMode, DEFAULT_SPLITTING_OPS
+from vgc.config import CompilationConfig, CUDAGraphMode, DEFAULT_SPLITTING_OPS, PieceBackend
 from vgc.counters import Counters, counters
 from vgc.cudagraph.dropin import DropInGraphs, full_graph_blocker, GraphInputs
 from vgc.cudagraph.piece import CUDAGraphPiece
@@ -400,6 +400,8 @@ class VgcBackend:
         if piece.key not in self._seen_keys:
             self._seen_keys.add(piece.key)
             graph_counters.add(unique_pieces=1)
+        if self.config.piece_backend == PieceBackend.EAGER:
+            return self._eager_piece(piece, progress)
 
         def build(size: int | None) -> Callable:
             name = piece.artifact_name(size)
@@ -429,6 +431,16 @@ class VgcBackend:
         dynamic_fn = build(None)
         static_fns = {size: build(size) for size in piece.sizes}
         return CompiledPiece(piece.name, piece.key, dynamic_fn, static_fns, piece.size_source,
+                             has_symbols=piece.has_symbols)
+
+    def _eager_piece(self, piece: PiecePlan, progress) -> CompiledPiece:
+        """`piece_backend="eager"`: the piece's own graph runs, one callable for every size. Not shared between
+        identical pieces: each graph reads its own constants. A saved trace stores these graphs with the split."""
+        if piece.module is None:
+            raise MissingArtifact(f"the saved trace holds no graph for eager piece {piece.name}")
+        _call_custom_ops_directly(piece.module)
+        progress.update(1 + len(piece.sizes))
+        return CompiledPiece(piece.name, piece.key, _compat.generated_forward(piece.module), {}, piece.size_source,
                              has_symbols=piece.has_symbols)
 
     def _inductor_configs(self) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -34,6 +34,11 @@ class DynamicShapesType(enum.Enum):
     BACKED_SIZE_OBLIVIOUS = "backed_size_oblivious"
 
 
+class PieceBackend(enum.Enum):
+    INDUCTOR = "inductor"
+    EAGER = "eager"
+
+
 class CompileCacheSaveFormat(enum.Enum):
     BINARY = "binary"
     UNPACKED = "unpacked"
@@ -224,6 +229,11 @@ class CompilationConfig:
         "Operators the graph is split at; each runs eagerly between compiled pieces. None means "
         "vgc's attention ops, `['vgc::attention', 'vgc::varlen_attention']`, and SDPA in a graph where it reads more "
         "keys than queries (a KV cache); `[]` gives one piece.", _splitting_ops, in_hash=True)
+    piece_backend: PieceBackend = _field(
+        "What runs the pieces between splitting ops: `inductor` (compiled per piece, cached) or `eager` (the "
+        "piece's own graph, with no Inductor call: capture, split, saved traces and CUDA graphs stay; cold starts "
+        "cost a trace, not a compile; `compile_sizes` and Inductor options do nothing).",
+        _enum(PieceBackend), in_hash=True, default=PieceBackend.INDUCTOR)
     compile_sizes: list[int] = _field(
         "Sizes of the dynamic dimension that get a static-size Inductor artifact besides the symbolic-size one.",
         _sorted_ints(1), in_hash=True, factory=list)

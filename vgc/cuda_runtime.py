@@ -3,6 +3,8 @@ tests on machines without a GPU substitute these functions and run every graph p
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 # A CUDA build of torch on a machine without a usable GPU raises from torch's capture query too ("CUDA driver
@@ -53,6 +55,33 @@ def capture(fn, pool: GraphPool):
             graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
     return graph, outputs
+
+
+@contextlib.contextmanager
+def segment_stream():
+    """The capture stream, current for a whole forward captured in segments (`begin_segment` ... `end_segment`,
+    with eager calls between them on the same stream)."""
+    stream = _capture_stream(torch.cuda.current_device())
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        torch.cuda.current_stream().wait_stream(stream)
+
+
+def begin_segment(pool: GraphPool):
+    """Start recording the current stream's work into a new graph in `pool` (inside `segment_stream()`)."""
+    graph = torch.cuda.CUDAGraph()
+    pool.graphs.append(graph)
+    graph.capture_begin(pool=pool.handle)
+    return graph
+
+
+def end_segment(graph):
+    """Stop recording `graph`; returns it, ready to replay."""
+    graph.capture_end()
+    return graph
 
 
 _capture_streams: dict[int, torch.cuda.Stream] = {}

@@ -31,7 +31,7 @@ from vgc.capture.contract import InputContract
 from vgc.capture.model_state import model_structure, state_mismatch
 from vgc.capture.paths import InputMismatchError
 from vgc.capture.size_guards import snapshot_shape_guards
-from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType
+from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType, PieceBackend
 from vgc.distributed import RankFailedError
 from vgc.log import warn_once
 from vgc.piecewise.plan import GraphPlan, SavedGraph
@@ -96,7 +96,7 @@ class TraceOnceBackend(VgcBackend):
     def _compile_graph(self, gm, example_inputs: list) -> Callable:
         if self._plan_only:
             plan = self._plan_graph(gm, example_inputs)
-            plan.snapshot_split()
+            plan.snapshot_split(keep_pieces=self.config.piece_backend == PieceBackend.EAGER)
             return SavedGraph(plan, _compat.tracing_context())
         return super()._compile_graph(gm, example_inputs)
 

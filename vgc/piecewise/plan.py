@@ -70,14 +70,15 @@ class GraphPlan:
         self.example_inputs = None
         self.plans = [p if p.splitting else replace(p, module=None, example_inputs=None) for p in self.plans]
 
-    def snapshot_split(self) -> None:
+    def snapshot_split(self, keep_pieces: bool = False) -> None:
         """Pickle the split graph now, before its eager pieces are rewritten for speed: compiled pieces become
-        empty stand-ins (their artifacts replace them) and eager pieces with one structural key (the attention of
-        every layer) are stored, and rebuilt, once: they take their inputs by position."""
+        empty stand-ins (their artifacts replace them; with `keep_pieces`, for pieces that run without Inductor,
+        they stay) and eager pieces with one structural key (the attention of every layer) are stored, and
+        rebuilt, once: they take their inputs by position."""
         root = torch.nn.Module()
         by_key: dict[str, fx.GraphModule] = {}
         for plan in self.plans:
-            if plan.splitting:
+            if plan.splitting or keep_pieces:
                 module = plan.module
                 if plan.key and not any(n.op == "get_attr" for n in module.graph.nodes):   # constants: unique
                     module = by_key.setdefault(plan.key, module)
@@ -113,8 +114,10 @@ class GraphPlan:
             raise ValueError(f"saved graph version {state.get('version')!r} is not 1")
         split_gm = pickle.load(io.BytesIO(state["split"]))
         # Rebuilding re-traces the graph, which calls a module stored under several names by its first name only.
-        by_key = {p.key: getattr(split_gm, p.name) for p in state["plans"] if p.splitting and hasattr(split_gm, p.name)}
-        plans = [replace(p, module=getattr(split_gm, p.name, None) or by_key.get(p.key)) if p.splitting else p
+        stored = {p.name: getattr(split_gm, p.name) for p in state["plans"]
+                  if isinstance(getattr(split_gm, p.name, None), fx.GraphModule)}   # compiled pieces: stand-ins
+        by_key = {p.key: stored[p.name] for p in state["plans"] if p.name in stored}
+        plans = [replace(p, module=stored.get(p.name) or by_key.get(p.key)) if p.splitting or p.name in stored else p
                  for p in state["plans"]]
         modules = {p.name: p.module for p in plans}
         pieces = [Piece(name, index, splitting, modules.get(name) or getattr(split_gm, name, None))

@@ -1,0 +1,579 @@
+"""Breakable CUDA graphs: the model's own eager forward, captured per size without Dynamo or Inductor.
+
+At each capture size the forward runs once under a stream capture that is ended at every *break* (by default
+vgc's attention ops and SDPA): the break runs eagerly, and capture resumes in a new segment on the same memory
+pool. A replay is the list it recorded: segment graphs and eager calls of the breaks, each on the tensors its
+capture used (the static buffers), the call's own inputs substituted where the break read an input (so attention
+meets this call's sequence lengths, whatever the batch's shape) and a break's fresh result where a later break
+read the earlier one's (a KV-cache update feeding attention). Where a segment read a break's result, the result
+is copied into the tensor the segment was captured with.
+
+A replay runs no Python of the forward: a value the forward reads on the host inside a segment (`.item()`,
+`.tolist()`, an op whose output shape depends on data, a copy between host and device) would be frozen at
+capture. Capture refuses it, naming the call and the fix (mark the function or module that reads it as a break:
+it then runs at every replay). Module breaks are how a forward's Python side effects (statistics, logging of
+values) stay alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import logging
+import os
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vgc import _compat, cuda_runtime  # module attribute access: tests substitute begin_segment()/end_segment()
+from vgc.config import CompilationConfig
+from vgc.counters import Counters, counters
+from vgc.cudagraph.memory import GraphMemory
+from vgc.cudagraph.padding import output_tensors, padded_size, slice_outputs, StaticInputs
+from vgc.cudagraph.runtime import frozen_gc
+from vgc.ops.attention import lengths_read_once
+
+logger = logging.getLogger("vgc")
+
+DEFAULT_BREAKS = ("vgc::attention", "vgc::varlen_attention", "aten::scaled_dot_product_attention")
+
+_VGC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+# Tensor methods that read values on the host without an operator a dispatch mode sees on every device.
+_HOST_READ_METHODS = {torch.Tensor.tolist: "Tensor.tolist()", torch.Tensor.numpy: "Tensor.numpy()",
+                      torch.Tensor.__repr__: "printing a tensor", torch.Tensor.__format__: "formatting a tensor"}
+_COPIES = ("aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize")
+
+
+class BreakableCaptureError(RuntimeError):
+    """A breakable capture met something a replay could not repeat (a host read inside a segment)."""
+
+
+# ---- what breaks a capture --------------------------------------------------------------------------------------
+
+def _function_names(func) -> tuple[str, ...]:
+    """The operator names a torch-level callable answers to: its own for an operator, "aten::<name>" for a
+    builtin of torch's C namespaces (F.scaled_dot_product_attention is torch._C._nn's)."""
+    names = _compat.operator_names(func)
+    if names:
+        return names
+    module = getattr(func, "__module__", None) or ""
+    if module.startswith("torch._C") and hasattr(func, "__name__"):
+        return (f"aten::{func.__name__}",)
+    return ()
+
+
+@dataclasses.dataclass
+class Breaks:
+    """Where a capture is ended: operators by name, torch functions, module classes and module instances."""
+    op_names: frozenset[str]
+    functions: tuple
+    module_types: tuple[type, ...]
+    modules: tuple[torch.nn.Module, ...]
+
+    @classmethod
+    def of(cls, breaks) -> "Breaks":
+        if breaks is None:
+            breaks = DEFAULT_BREAKS
+        if isinstance(breaks, (str, type, torch.nn.Module)) or not isinstance(breaks, (list, tuple, set)):
+            raise ValueError(f"breaks must be a list (of operator names, torch functions, nn.Module classes or "
+                             f"instances), got {type(breaks).__name__} {breaks!r}")
+        names, functions, types, modules = set(), [], [], []
+        for entry in breaks:
+            if isinstance(entry, str):
+                if "::" not in entry or entry.startswith("::") or entry.endswith("::"):
+                    raise ValueError(f"breaks: operator names look like 'vgc::attention' or "
+                                     f"'aten::scaled_dot_product_attention', got {entry!r}")
+                names.add(entry)
+            elif isinstance(entry, type) and issubclass(entry, torch.nn.Module):
+                types.append(entry)
+            elif isinstance(entry, torch.nn.Module):
+                modules.append(entry)
+            elif _function_names(entry):
+                functions.append(entry)
+            else:
+                raise ValueError(f"breaks: {entry!r} is not an operator name, a torch function or operator, or an "
+                                 "nn.Module class or instance. A Python function cannot be seen by the capture: "
+                                 "put it in a module and list the module (it then runs eagerly at each replay)")
+        return cls(frozenset(names), tuple(functions), tuple(types), tuple(modules))
+
+    def matches(self, func) -> bool:
+        return any(func is f for f in self.functions) or any(n in self.op_names for n in _function_names(func))
+
+    def modules_in(self, model) -> list[torch.nn.Module]:
+        if not isinstance(model, torch.nn.Module):
+            return list(self.modules)
+        found = [m for m in model.modules() if isinstance(m, self.module_types) or any(m is b for b in self.modules)]
+        return found + [m for m in self.modules if not any(m is f for f in found)]
+
+
+# ---- one capture ------------------------------------------------------------------------------------------------
+
+def _user_frame() -> str:
+    """Where in the user's code (not torch's, not vgc's) the current call comes from."""
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith((_VGC_DIR, _TORCH_DIR)):
+            return f"{frame.filename}:{frame.lineno} ({frame.line})"
+    return "an unknown place"
+
+
+@dataclasses.dataclass
+class _Break:
+    call: Callable
+    name: str
+    spec: Any                  # the pytree spec of (args, kwargs)
+    sources: list              # per leaf: ("input", name) | ("break", step, leaf) | ("const", value)
+    outputs: list              # the result's leaves at capture
+    result_spec: Any
+    copy_back: set[int] = dataclasses.field(default_factory=set)   # result leaves a segment read
+
+
+class _Capture:
+    """The state of one size's capture: the steps recorded so far and where every tensor came from."""
+
+    def __init__(self, pool, breaks: Breaks | None, inputs: dict[str, torch.Tensor]):
+        self.pool = pool
+        self.breaks = breaks              # None: a whole graph (no breaks)
+        self.steps: list = []             # graphs and _Break, in replay order
+        self.graph = None                 # the segment being recorded
+        self.ops_in_segment = 0
+        self.in_break = False
+        self.source: dict[int, tuple] = {}   # id(tensor) -> ("input", name) | ("break", step, leaf)
+        self.storage_of: dict[int, tuple] = {}   # storage address -> the same, for views made inside segments
+        self.held: list = []                  # every tensor given a source stays alive, so its id stays unique
+        self.inputs_read: set[str] = set()   # dynamic inputs some segment reads (their extents are baked in)
+        for name, tensor in inputs.items():
+            self._note(tensor, ("input", name))
+
+    def _note(self, tensor: torch.Tensor, source: tuple) -> None:
+        self.source[id(tensor)] = source
+        self.held.append(tensor)
+        if tensor.device.type != "meta":
+            self.storage_of.setdefault(tensor.untyped_storage().data_ptr(), source)
+
+    def begin(self) -> None:
+        self.graph = cuda_runtime.begin_segment(self.pool)
+        self.ops_in_segment = 0
+
+    def end(self) -> None:
+        graph, self.graph = self.graph, None
+        graph = cuda_runtime.end_segment(graph)
+        if self.ops_in_segment:
+            graph.replay()   # capturing only records: the break after it (and the caller) need real values
+            self.steps.append(graph)
+
+    def abort(self) -> None:
+        if self.graph is not None:
+            graph, self.graph = self.graph, None
+            with contextlib.suppress(Exception):
+                cuda_runtime.end_segment(graph)
+
+    # ---- seen from the modes ----
+    def run_break(self, call: Callable, name: str, args: tuple, kwargs: dict):
+        self.end()
+        self.in_break = True
+        try:
+            result = call(*args, **kwargs)
+        finally:
+            self.in_break = False
+        leaves, spec = _compat.tree_flatten((args, kwargs))
+        sources = [self.source.get(id(leaf), ("const", leaf)) if isinstance(leaf, torch.Tensor)
+                   else ("const", leaf) for leaf in leaves]
+        outputs, result_spec = _compat.tree_flatten(result)
+        index = len(self.steps)
+        self.steps.append(_Break(call, name, spec, sources, outputs, result_spec))
+        for j, leaf in enumerate(outputs):
+            if isinstance(leaf, torch.Tensor) and id(leaf) not in self.source:
+                self._note(leaf, ("break", index, j))
+        self.begin()
+        return result
+
+    def refuse(self, what: str) -> None:
+        raise BreakableCaptureError(
+            f"vgc breakable capture: {what} inside a captured segment, at {_user_frame()}. A replay runs no Python "
+            "of the forward, so the value read would be frozen at capture. Add the function or module that reads it "
+            "to breaks= (an operator name, a torch function, or an nn.Module class or instance: it then runs "
+            "eagerly at every replay), or take the read out of the forward")
+
+    def saw_op(self, func, args: tuple, kwargs: dict) -> None:
+        name = func._schema.name if hasattr(func, "_schema") else str(func)
+        if name == "aten::_local_scalar_dense":
+            self.refuse("a tensor's value is read on the host (.item(), bool(), int() or float() of a tensor)")
+        if torch.Tag.dynamic_output_shape in getattr(func, "tags", ()):
+            self.refuse(f"{name} makes an output whose shape depends on data (a host sync)")
+        leaves = [x for x in _compat.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if name in _COPIES:
+            devices = {x.device.type for x in leaves} | {str(kwargs.get("device", "")).split(":")[0]} - {""}
+            if "cpu" in devices and len(devices) > 1:
+                self.refuse(f"{name} copies between the host and the device")
+        if not getattr(func, "is_view", False):   # a view launches no kernel
+            self.ops_in_segment += 1
+        for leaf in leaves:
+            source = self.source.get(id(leaf))
+            if source is None and leaf.device.type != "meta":
+                source = self.storage_of.get(leaf.untyped_storage().data_ptr())
+            if source is None:
+                continue
+            if source[0] == "input":
+                self.inputs_read.add(source[1])
+            else:
+                self.steps[source[1]].copy_back.add(source[2])
+
+
+class _BreakAtFunctions(TorchFunctionMode):
+    def __init__(self, capture: _Capture):
+        super().__init__()
+        self.capture = capture
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        capture = self.capture
+        if capture.in_break:
+            return func(*args, **kwargs)
+        if capture.breaks is not None and capture.breaks.matches(func):
+            names = _function_names(func)
+            return capture.run_break(func, names[0] if names else repr(func), args, kwargs)
+        what = _HOST_READ_METHODS.get(func)
+        if what is not None:
+            capture.refuse(f"{what} reads a tensor's values on the host")
+        return func(*args, **kwargs)
+
+
+class _WatchOps(TorchDispatchMode):
+    def __init__(self, capture: _Capture):
+        super().__init__()
+        self.capture = capture
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.capture.in_break:
+            self.capture.saw_op(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _module_breaks(capture: _Capture, modules: list[torch.nn.Module]):
+    """Each module's forward, for the capture's duration, ends the segment and runs eagerly (as a break)."""
+    patched = []
+    for module in modules:
+        forward = module.forward
+
+        def call(*args, _forward=forward, _name=type(module).__qualname__, **kwargs):
+            if capture.in_break or capture.breaks is None:
+                return _forward(*args, **kwargs)
+            return capture.run_break(_forward, _name, args, kwargs)
+
+        had = "forward" in module.__dict__
+        module.forward = call
+        patched.append((module, had, forward))
+    try:
+        yield
+    finally:
+        for module, had, forward in patched:
+            if had:
+                module.forward = forward
+            else:
+                del module.forward
+
+
+# ---- a captured size --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Entry:
+    steps: list
+    output_spec: Any
+    output_sources: list          # per output leaf: ("input", name) | ("break", step, leaf) | ("static", tensor)
+    input_shapes: dict[str, torch.Size]      # dynamic inputs a segment reads: their captured extents
+    pinned: list[tuple[str, int, int]]       # (argument, leaf, address) of other tensor arguments
+    constants: list[tuple[str, int, Any]]    # (argument, leaf, value) of non-tensor arguments
+    segments: int
+    breaks: int
+
+    def mismatch(self, arguments: dict, padded: dict) -> str | None:
+        """Why this call cannot replay the entry (a baked-in extent, address or value differs), or None."""
+        for name, shape in self.input_shapes.items():
+            if padded[name].shape != shape:
+                return f"{name} has shape {tuple(padded[name].shape)}, captured as {tuple(shape)}"
+        for name, leaf, address in self.pinned:
+            tensor = _compat.tree_leaves(arguments[name])[leaf]
+            if tensor.data_ptr() != address:
+                return f"a tensor of {name} is not at the address it was captured with"
+        for name, leaf, value in self.constants:
+            now = _compat.tree_leaves(arguments[name])[leaf]
+            same = now == value if isinstance(value, (int, float, bool, str, type(None))) else now is value
+            if not same:
+                return f"{name} is {now!r}, captured as {value!r}"
+        return None
+
+    def replay(self, padded: dict):
+        fresh: dict[tuple[int, int], Any] = {}
+
+        def resolve(source):
+            kind = source[0]
+            if kind == "input":
+                return padded[source[1]]
+            if kind == "break":
+                return fresh[(source[1], source[2])]
+            return source[1]
+
+        for index, step in enumerate(self.steps):
+            if not isinstance(step, _Break):
+                step.replay()
+                continue
+            args, kwargs = _compat.tree_unflatten([resolve(s) for s in step.sources], step.spec)
+            leaves = _compat.tree_leaves(step.call(*args, **kwargs))
+            if len(leaves) != len(step.outputs):
+                raise RuntimeError(f"vgc breakable replay: {step.name} returned {len(leaves)} values, "
+                                   f"{len(step.outputs)} at capture")
+            for j, (old, new) in enumerate(zip(step.outputs, leaves)):
+                fresh[(index, j)] = new
+                if not isinstance(old, torch.Tensor):
+                    if old != new:
+                        raise RuntimeError(f"vgc breakable replay: {step.name} returned {new!r} where capture got "
+                                           f"{old!r}, and the captured segments used that value; make the value "
+                                           "a tensor, or move the code that uses it into the break")
+                elif j in step.copy_back and old is not new:
+                    if old.shape != new.shape:
+                        raise RuntimeError(f"vgc breakable replay: {step.name} returned a tensor of shape "
+                                           f"{tuple(new.shape)}, captured as {tuple(old.shape)}, and a captured "
+                                           "segment reads it; add the code that reads it to breaks=")
+                    old.copy_(new)
+        return _compat.tree_unflatten([resolve(s) if s[0] != "static" else s[1] for s in self.output_sources],
+                                      self.output_spec)
+
+
+def _capture_entry(model: Callable, bound: inspect.BoundArguments, dynamic: dict[str, int], pool,
+                   breaks: Breaks | None, module_breaks: list) -> tuple[_Entry, Any]:
+    """Capture one call in segments; returns the entry and the call's output (real values)."""
+    inputs = {name: bound.arguments[name] for name in dynamic}
+    capture = _Capture(pool, breaks, inputs)
+    with cuda_runtime.segment_stream(), _module_breaks(capture, module_breaks), _WatchOps(capture), \
+            _BreakAtFunctions(capture):
+        capture.begin()
+        try:
+            out = model(*bound.args, **bound.kwargs)
+        except BaseException:
+            capture.abort()   # here: the stand-in's recorder is a mode above the ones this block leaves
+            raise
+        capture.end()
+    leaves, spec = _compat.tree_flatten(out)
+    output_sources = [capture.source.get(id(x), ("static", x)) if isinstance(x, torch.Tensor) else ("static", x)
+                      for x in leaves]
+    pinned, constants = [], []
+    for name, value in bound.arguments.items():
+        if name in dynamic:
+            continue
+        for i, leaf in enumerate(_compat.tree_leaves(value)):
+            if isinstance(leaf, torch.Tensor):
+                pinned.append((name, i, leaf.data_ptr()))
+            else:
+                constants.append((name, i, leaf))
+    entry = _Entry(capture.steps, spec, output_sources,
+                   {name: inputs[name].shape for name in capture.inputs_read}, pinned, constants,
+                   segments=sum(not isinstance(s, _Break) for s in capture.steps),
+                   breaks=sum(isinstance(s, _Break) for s in capture.steps))
+    return entry, out
+
+
+# ---- the model ---------------------------------------------------------------------------------------------------
+
+class BreakableGraphs:
+    """What `vgc.cudagraph.breakable` returns: call it like the model, after `warmup()` captured its sizes.
+
+    Outputs that a segment produced live in graph memory and are overwritten by the next call (as with
+    `vgc.compile`'s graphs): use or clone them before calling again.
+    """
+
+    def __init__(self, model: Callable, *, dynamic_arg_dims: dict[str, int], capture_sizes: list[int] | None = None,
+                 pad_values: dict[str, Any] | None = None, breaks=None,
+                 uniform_decode: Callable[[dict], bool] | None = None):
+        self.model = model
+        forward = model.forward if isinstance(model, torch.nn.Module) else model
+        self._signature = inspect.signature(forward)
+        if not isinstance(dynamic_arg_dims, dict) or not dynamic_arg_dims:
+            raise ValueError("dynamic_arg_dims must name the tensor arguments whose size varies per call and the "
+                             "dim that varies, e.g. {'input_ids': 0, 'positions': 0}; the first one is the call's size")
+        for name, dim in dynamic_arg_dims.items():
+            if name not in self._signature.parameters:
+                raise ValueError(f"dynamic_arg_dims names {name!r}, which the forward does not take; its arguments "
+                                 f"are {list(self._signature.parameters)}")
+            if not isinstance(dim, int) or isinstance(dim, bool):
+                raise ValueError(f"dynamic_arg_dims[{name!r}] must be a dim (an int), got {dim!r}")
+        if pad_values is not None:
+            unknown = sorted(set(pad_values) - set(dynamic_arg_dims))
+            if unknown:
+                raise ValueError(f"pad_values names {unknown}, which are not in dynamic_arg_dims "
+                                 f"({list(dynamic_arg_dims)}); only dynamic inputs are padded")
+        sizes = CompilationConfig(cudagraph_capture_sizes=capture_sizes).resolved_capture_sizes()
+        self.dynamic = dict(dynamic_arg_dims)
+        self.size_arg = next(iter(self.dynamic))
+        self.capture_sizes = sizes
+        self.may_pad = pad_values is not None
+        self.static = StaticInputs(sizes[-1], pad_values)
+        self.breaks = Breaks.of(breaks)
+        self.uniform_decode = uniform_decode
+        self.counters = Counters.child_of(counters)
+        self.graphs: dict[int, _Entry] = {}        # size -> breakable graphs
+        self.whole: dict[int, _Entry] = {}         # size -> one graph (uniform decode: attention inside)
+        self.memory = GraphMemory()
+        self._pool = None
+        self._output_dims: list[tuple[int, ...]] | None = None
+        self._eager_shapes: dict[int, list[torch.Size]] = {}
+        self._warned: set[str] = set()
+        self.seconds: dict[str, float] = {}
+
+    # ---- warm-up: every capture before the first request ----
+    def warmup(self, make_inputs: Callable[[int], Any],
+               make_decode_inputs: Callable[[int], Any] | None = None) -> dict:
+        """Capture every size, largest first (smaller ones reuse its pool blocks): `make_inputs(n)` makes a call
+        of size n (kwargs as a dict, or positional args as a tuple). With `uniform_decode`, `make_decode_inputs(n)`
+        makes a decode batch, captured whole (attention inside one graph) for the calls `uniform_decode` accepts."""
+        if make_decode_inputs is not None and self.uniform_decode is None:
+            raise ValueError("make_decode_inputs needs uniform_decode=<predicate on the call's arguments> at "
+                             "construction, to tell the calls its whole graphs serve")
+        start = time.perf_counter()
+        module_breaks = self.breaks.modules_in(self.model)
+        with torch.no_grad(), frozen_gc():
+            for size in reversed(self.capture_sizes):
+                self._capture_size(size, make_inputs, self.graphs, self.breaks, module_breaks)
+            if make_decode_inputs is not None:
+                for size in reversed(self.capture_sizes):
+                    self._capture_size(size, make_decode_inputs, self.whole, None, [])
+        self.seconds["capture"] = time.perf_counter() - start
+        logger.info("breakable CUDA graphs: %d sizes (%d segments, %d breaks at the largest), %d whole graphs in "
+                    "%.2f s; %s", len(self.graphs), *self._largest_counts(), len(self.whole),
+                    self.seconds["capture"], self.memory.summary())
+        return self.stats()
+
+    def _largest_counts(self) -> tuple[int, int]:
+        if not self.graphs:
+            return 0, 0
+        entry = self.graphs[max(self.graphs)]
+        return entry.segments, entry.breaks
+
+    def _bind(self, args, kwargs) -> inspect.BoundArguments:
+        try:
+            return self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"vgc breakable: the call does not fit the forward's signature {self._signature}: {e}") \
+                from None
+
+    def _capture_size(self, size: int, make_inputs, into: dict, breaks: Breaks | None, module_breaks) -> None:
+        made = make_inputs(size)
+        bound = self._bind(*((made, {}) if isinstance(made, tuple) else ((), made)))
+        got = self.batch_size(bound.arguments)
+        if got != size:
+            raise ValueError(f"the inputs made for capture size {size} have size {got} ({self.size_arg} dim "
+                             f"{self.dynamic[self.size_arg]}); make_inputs(n) must make calls of size n")
+        for name, dim in self.dynamic.items():
+            self.static.reserve(name, bound.arguments[name], dim, size)
+        bound.arguments.update(self.static.pad_all(bound.arguments, self.dynamic, 0))
+        call = lengths_read_once(self.model)
+        out = call(*bound.args, **bound.kwargs)   # warm: lazy initialisation, autotuning, allocator blocks
+        self._learn_output_dims(size, out)
+        device = next(iter(output_tensors(out)), bound.arguments[self.size_arg]).device
+        if self._pool is None:
+            self._pool = cuda_runtime.new_pool()
+        cuda_runtime.synchronize(device)
+        before = cuda_runtime.reserved_bytes(device)
+        cuda_runtime.reset_peak_memory(device)
+        key = size if breaks is not None else f"whole:{size}"
+        try:
+            entry, _ = _capture_entry(call, bound, self.dynamic, self._pool, breaks, module_breaks)
+        except BreakableCaptureError:
+            raise
+        except torch.OutOfMemoryError as error:
+            self.memory.out_of_memory(key, str(error).splitlines()[0])
+            return
+        except Exception as error:   # noqa: BLE001 - a size that cannot be captured runs without graphs
+            logger.warning("breakable capture at size %s failed (%s: %s); those calls run eagerly", key,
+                           type(error).__name__, (str(error).strip().splitlines() or [""])[0])
+            return
+        cuda_runtime.synchronize(device)
+        self.memory.peak_bytes = max(self.memory.peak_bytes, cuda_runtime.peak_reserved_bytes(device))
+        self.memory.captured(key, size, cuda_runtime.reserved_bytes(device) - before)
+        into[size] = entry
+        self.counters.add(cudagraph_captures=entry.segments)
+
+    def _learn_output_dims(self, size: int, out) -> None:
+        """Which output dims follow the call's size: those that differ between two sizes by their difference."""
+        shapes = [t.shape for t in output_tensors(out)]
+        for other, other_shapes in self._eager_shapes.items():
+            if other != size and len(other_shapes) == len(shapes):
+                self._output_dims = [tuple(d for d in range(len(a)) if len(a) == len(b) and a[d] - b[d] == size - other)
+                                     for a, b in zip(shapes, other_shapes)]
+                break
+        self._eager_shapes[size] = shapes
+
+    # ---- serving ----
+    def batch_size(self, arguments: dict) -> int:
+        return arguments[self.size_arg].shape[self.dynamic[self.size_arg]]
+
+    def __call__(self, *args, **kwargs):
+        bound = self._bind(args, kwargs)
+        arguments = bound.arguments
+        with torch.no_grad():
+            size = self.batch_size(arguments)
+            padded = padded_size(size, self.capture_sizes) if self.may_pad else size
+            entry = None
+            if padded is not None:
+                if self.uniform_decode is not None and self.whole and self.uniform_decode(arguments):
+                    entry = self.whole.get(padded)
+                entry = entry or self.graphs.get(padded)
+            if entry is None or not all(self.static.fits(name, arguments[name], dim, padded, size)
+                                        for name, dim in self.dynamic.items()):
+                return self._eager(bound, None)
+            inputs = self.static.pad_all(arguments, self.dynamic, padded - size)
+            why = entry.mismatch(arguments, inputs)
+            if why is not None:
+                return self._eager(bound, why)
+            out = _replay_once(entry, inputs)
+            self.counters.add(cudagraph_replays=1)
+        dims = iter(self._output_dims) if self._output_dims is not None else None
+        return out if padded == size else slice_outputs(out, size, dims)
+
+    def _eager(self, bound: inspect.BoundArguments, why: str | None):
+        if why is not None and why not in self._warned:
+            self._warned.add(why)
+            logger.warning("breakable CUDA graphs: a call runs eagerly: %s", why)
+        self.counters.add(eager_runs=1)
+        return lengths_read_once(self.model)(*bound.args, **bound.kwargs)
+
+    def stats(self) -> dict:
+        return {
+            "capture_sizes": sorted(self.graphs),
+            "whole_graph_sizes": sorted(self.whole),
+            "segments": {size: e.segments for size, e in sorted(self.graphs.items())},
+            "breaks": {size: e.breaks for size, e in sorted(self.graphs.items())},
+            "seconds": dict(self.seconds),
+            "graph_memory": self.memory.report(),
+            "model_counters": self.counters.as_dict(),
+        }
+
+
+@lengths_read_once
+def _replay_once(entry: _Entry, inputs: dict):
+    """A replay, its attention calls sharing one host read of the lengths (a prefill syncs once, not per layer)."""
+    return entry.replay(inputs)
+
+
+def breakable(model: Callable, *, dynamic_arg_dims: dict[str, int], capture_sizes: list[int] | None = None,
+              pad_values: dict[str, Any] | None = None, breaks=None,
+              uniform_decode: Callable[[dict], bool] | None = None) -> BreakableGraphs:
+    """CUDA graphs of `model`'s eager forward with no Dynamo and no Inductor: per capture size, segments between
+    the `breaks` (default `DEFAULT_BREAKS`: vgc's attention ops and SDPA), which run eagerly at each replay.
+
+    `dynamic_arg_dims`: each argument whose size varies per call and its dim (the first gives the call's size);
+    `pad_values`: how to pad them up to a capture size (as for `vgc.compile`; without it only exact sizes replay);
+    `uniform_decode`: a predicate on the call's arguments whose calls replay whole graphs (attention inside),
+    captured from `warmup(..., make_decode_inputs=...)`. Call `warmup()` before serving.
+    """
+    return BreakableGraphs(model, dynamic_arg_dims=dynamic_arg_dims, capture_sizes=capture_sizes,
+                           pad_values=pad_values, breaks=breaks, uniform_decode=uniform_decode)
