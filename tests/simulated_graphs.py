@@ -106,6 +106,8 @@ def install_simulated_capture(setattr=setattr) -> None:
     setattr(cuda_runtime, "end_segment", end_segment)
     setattr(cuda_runtime, "segment_stream", contextlib.nullcontext)
     setattr(cuda_runtime, "stream_capturing", lambda: capturing[0])
+    # what a model's own code asks (transformers skips its host reads of masks while a stream captures)
+    setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     setattr(cuda_runtime, "capture", capture)
     setattr(cuda_runtime, "synchronize", lambda device: None)
     for name in ("reserved_bytes", "peak_reserved_bytes", "allocated_bytes", "peak_allocated_bytes"):

@@ -2,8 +2,9 @@
 report as JSON. The model comes from a file (`--model-file`, defining `build()` and `inputs(n)`) or is the tiny
 reference decoder.
 
-usage: python warm_worker.py [--model-file PATH] [--outputs PATH]   (the cache root comes from VGC_CACHE_ROOT;
---outputs saves the compiled outputs, for comparing processes exactly)
+usage: python warm_worker.py [--model-file PATH] [--outputs PATH] [--config JSON]   (the cache root comes from
+VGC_CACHE_ROOT; --outputs saves the compiled outputs, for comparing processes exactly; --config: CompilationConfig
+fields)
 """
 
 import argparse
@@ -36,12 +37,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-file")
     parser.add_argument("--outputs")
+    parser.add_argument("--config", default="{}")
     args = parser.parse_args()
     warnings = WarningRecorder()
     import logging
     logging.getLogger("vgc").addHandler(warnings)
     model, inputs = load_model_file(args.model_file) if args.model_file else tiny_decoder()
-    compiled = vgc.compile(model)
+    compiled = vgc.compile(model, config=json.loads(args.config))
     report = compiled.warmup(inputs)
     max_diff, outputs = 0.0, {}
     with torch.no_grad():

@@ -1,2 +1,4 @@
-"""CUDA graphs for decoders: piece graphs (`piece`), padding (`padding`), per-call dispatch and FULL graphs
-(`dispatch`), and the per-model pool and capture state (`runtime`)."""
+"""CUDA graphs: piece graphs, FULL graphs, drop-in graphs, memory and traffic, and breakable capture of an eager
+forward (`vgc.cudagraph.breakable`)."""
+
+from vgc.cudagraph.breakable import BreakableCaptureError, BreakableGraphs, breakable  # noqa: F401

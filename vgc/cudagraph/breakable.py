@@ -116,10 +116,11 @@ class Breaks:
 # ---- one capture ------------------------------------------------------------------------------------------------
 
 def _user_frame() -> str:
-    """Where in the user's code (not torch's, not vgc's) the current call comes from."""
+    """Where in the user's code (not torch's, not vgc's, not a torch mode's handler) the current call comes from."""
     for frame in reversed(traceback.extract_stack()):
         path = os.path.abspath(frame.filename)
-        if not path.startswith((_VGC_DIR, _TORCH_DIR)):
+        if not path.startswith((_VGC_DIR, _TORCH_DIR)) and frame.name not in ("__torch_dispatch__",
+                                                                              "__torch_function__"):
             return f"{frame.filename}:{frame.lineno} ({frame.line})"
     return "an unknown place"
 
@@ -132,6 +133,7 @@ class _Break:
     sources: list              # per leaf: ("input", name) | ("break", step, leaf) | ("const", value)
     outputs: list              # the result's leaves at capture
     result_spec: Any
+    copied: list[bool]         # per leaf: handed over as a copy (graph memory, to a module that may keep it)
     copy_back: set[int] = dataclasses.field(default_factory=set)   # result leaves a segment read
 
 
@@ -149,6 +151,7 @@ class _Capture:
         self.storage_of: dict[int, tuple] = {}   # storage address -> the same, for views made inside segments
         self.held: list = []                  # every tensor given a source stays alive, so its id stays unique
         self.inputs_read: set[str] = set()   # dynamic inputs some segment reads (their extents are baked in)
+        self.graph_storages: set[int] = set()   # storage addresses of tensors made inside segments
         for name, tensor in inputs.items():
             self._note(tensor, ("input", name))
 
@@ -176,19 +179,28 @@ class _Capture:
                 cuda_runtime.end_segment(graph)
 
     # ---- seen from the modes ----
-    def run_break(self, call: Callable, name: str, args: tuple, kwargs: dict):
+    def run_break(self, call: Callable, name: str, args: tuple, kwargs: dict, keeps_inputs: bool = False):
+        """End the segment, run `call` eagerly, record it as a replay step, resume capture. `keeps_inputs`: the
+        call may hold on to its tensor arguments (a module's state): those in graph memory, which the next replay
+        overwrites, are handed over as copies, now and at every replay."""
         self.end()
+        leaves, spec = _compat.tree_flatten((args, kwargs))
+        sources = [self.source.get(id(leaf), ("const", leaf)) if isinstance(leaf, torch.Tensor)
+                   else ("const", leaf) for leaf in leaves]
+        copied = [keeps_inputs and isinstance(leaf, torch.Tensor) and (
+            source[0] == "input" or leaf.untyped_storage().data_ptr() in self.graph_storages)
+            for leaf, source in zip(leaves, sources)]
+        if any(copied):
+            args, kwargs = _compat.tree_unflatten([leaf.clone() if copy else leaf
+                                                   for leaf, copy in zip(leaves, copied)], spec)
         self.in_break = True
         try:
             result = call(*args, **kwargs)
         finally:
             self.in_break = False
-        leaves, spec = _compat.tree_flatten((args, kwargs))
-        sources = [self.source.get(id(leaf), ("const", leaf)) if isinstance(leaf, torch.Tensor)
-                   else ("const", leaf) for leaf in leaves]
         outputs, result_spec = _compat.tree_flatten(result)
         index = len(self.steps)
-        self.steps.append(_Break(call, name, spec, sources, outputs, result_spec))
+        self.steps.append(_Break(call, name, spec, sources, outputs, result_spec, copied))
         for j, leaf in enumerate(outputs):
             if isinstance(leaf, torch.Tensor) and id(leaf) not in self.source:
                 self._note(leaf, ("break", index, j))
@@ -206,7 +218,7 @@ class _Capture:
         name = func._schema.name if hasattr(func, "_schema") else str(func)
         if name == "aten::_local_scalar_dense":
             self.refuse("a tensor's value is read on the host (.item(), bool(), int() or float() of a tensor)")
-        if torch.Tag.dynamic_output_shape in getattr(func, "tags", ()):
+        if torch.Tag.dynamic_output_shape in getattr(func, "tags", ()) and not _integer_indexing(name, args):
             self.refuse(f"{name} makes an output whose shape depends on data (a host sync)")
         leaves = [x for x in _compat.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if name in _COPIES:
@@ -225,6 +237,16 @@ class _Capture:
                 self.inputs_read.add(source[1])
             else:
                 self.steps[source[1]].copy_back.add(source[2])
+
+
+def _integer_indexing(name: str, args: tuple) -> bool:
+    """aten::index (and index_put) is tagged data-dependent for boolean masks; integer indices give a shape known
+    from the indices' shapes."""
+    if name not in ("aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"):
+        return False
+    indices = args[1] if len(args) > 1 else ()
+    return all(i is None or (isinstance(i, torch.Tensor) and i.dtype not in (torch.bool, torch.uint8))
+               for i in indices)
 
 
 class _BreakAtFunctions(TorchFunctionMode):
@@ -253,9 +275,13 @@ class _WatchOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.capture.in_break:
-            self.capture.saw_op(func, args, kwargs)
-        return func(*args, **kwargs)
+        if self.capture.in_break:
+            return func(*args, **kwargs)
+        self.capture.saw_op(func, args, kwargs)
+        out = func(*args, **kwargs)
+        self.capture.graph_storages.update(x.untyped_storage().data_ptr() for x in _compat.tree_leaves(out)
+                                           if isinstance(x, torch.Tensor) and x.device.type != "meta")
+        return out
 
 
 @contextlib.contextmanager
@@ -268,7 +294,7 @@ def _module_breaks(capture: _Capture, modules: list[torch.nn.Module]):
         def call(*args, _forward=forward, _name=type(module).__qualname__, **kwargs):
             if capture.in_break or capture.breaks is None:
                 return _forward(*args, **kwargs)
-            return capture.run_break(_forward, _name, args, kwargs)
+            return capture.run_break(_forward, _name, args, kwargs, keeps_inputs=True)
 
         had = "forward" in module.__dict__
         module.forward = call
@@ -327,7 +353,8 @@ class _Entry:
             if not isinstance(step, _Break):
                 step.replay()
                 continue
-            args, kwargs = _compat.tree_unflatten([resolve(s) for s in step.sources], step.spec)
+            args, kwargs = _compat.tree_unflatten([resolve(s).clone() if copy else resolve(s)
+                                                   for s, copy in zip(step.sources, step.copied)], step.spec)
             leaves = _compat.tree_leaves(step.call(*args, **kwargs))
             if len(leaves) != len(step.outputs):
                 raise RuntimeError(f"vgc breakable replay: {step.name} returned {len(leaves)} values, "

@@ -1,0 +1,321 @@
+"""Breakable CUDA graphs (`vgc.cudagraph.breakable`): the eager forward captured in segments ended at each break,
+with no Dynamo and no Inductor, on the CPU stand-in for capture.
+
+The stand-in's segment records the operators the capture ran, on the tensors it ran them on, and a replay runs
+exactly those again (no Python of the forward), writing each result into the tensor the capture produced: a
+replay that reads a stale buffer, forgets a call's own sequence lengths, or misses a break's fresh result gives
+a wrong answer here as on a GPU. tests/test_gpu.py captures real graphs.
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import vgc
+from vgc.cudagraph import breakable, BreakableCaptureError
+from vgc.cudagraph.breakable import DEFAULT_BREAKS
+from vgc.models import llama
+from conftest import FP32_TOL, hf_llama
+
+SIZES = [1, 2, 4, 8, 16]
+LLAMA_DIMS = {name: 0 for name in llama.PAD_VALUES}
+
+
+def llama_graphs(model, cfg, kv, whole: bool, **kwargs):
+    graphs = breakable(model, dynamic_arg_dims=LLAMA_DIMS, capture_sizes=SIZES, pad_values=llama.PAD_VALUES,
+                       uniform_decode=llama.is_uniform_decode if whole else None, **kwargs)
+    report = graphs.warmup(lambda n: llama.make_batch(cfg, n, "prefill", kv_caches=kv),
+                           make_decode_inputs=(lambda n: llama.make_batch(cfg, n, "decode", kv_caches=kv))
+                           if whole else None)
+    return graphs, report
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["breakable", "breakable+whole-decode"])
+def test_reference_decoder_equals_eager_at_every_size(whole, tiny, simulated_capture, fresh_counters):
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    with fresh_counters.expect(dynamo_traces=0, inductor_compiles=0):
+        graphs, report = llama_graphs(model, cfg, kv, whole)
+    # Two layers: attention ends the first two segments; each size is three segments and two eager calls.
+    assert report["segments"] == {n: 3 for n in SIZES} and report["breaks"] == {n: 2 for n in SIZES}
+    assert report["whole_graph_sizes"] == (SIZES if whole else [])
+    with fresh_counters.expect(dynamo_traces=0, inductor_compiles=0, cudagraph_captures=0) as d, torch.no_grad():
+        for kind in ("decode", "prefill"):
+            for n in (1, 3, 5, 8, 13, 16, 20):   # 20 is above every capture size: eager
+                out = graphs(**llama.make_batch(cfg, n, kind, kv_caches=kv)).clone()
+                eager_batch = llama.make_batch(cfg, n, kind)
+                torch.testing.assert_close(out, model(**eager_batch), **FP32_TOL, msg=f"{kind} {n}")
+                for cache, eager_cache in zip(kv, eager_batch["kv_caches"]):   # padded tokens wrote nothing
+                    torch.testing.assert_close(cache, eager_cache, **FP32_TOL)
+    assert d["cudagraph_replays"] == 12 and d["eager_runs"] == 2
+
+
+def test_prefill_batches_of_other_shapes_replay_one_size(tiny, simulated_capture, fresh_counters):
+    """Sequence inputs only attention reads: a size's graphs serve any number of sequences, the call's own lengths
+    reaching the eager attention (captured with 4 sequences, served with 1 and 3)."""
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    graphs, _ = llama_graphs(model, cfg, kv, whole=False)
+
+    def batch(lengths, kv_caches):
+        # sequences of the given lengths, from position 0, in consecutive blocks
+        block_table = torch.zeros(len(lengths), cfg.max_blocks_per_seq, dtype=torch.int32)
+        slots, positions, start = [], [], 0
+        for b, n in enumerate(lengths):
+            blocks = -(-n // cfg.block_size)
+            block_table[b, :blocks] = torch.arange(start, start + blocks)
+            slots += [(start + p // cfg.block_size) * cfg.block_size + p % cfg.block_size for p in range(n)]
+            positions += list(range(n))
+            start += blocks
+        return {"input_ids": torch.arange(sum(lengths)) % cfg.vocab_size, "positions": torch.tensor(positions),
+                "kv_caches": kv_caches, "slot_mapping": torch.tensor(slots), "block_table": block_table,
+                "seq_lens": torch.tensor(lengths, dtype=torch.int32),
+                "query_start_loc": torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)}
+
+    with fresh_counters.expect(eager_runs=0) as d, torch.no_grad():
+        for lengths in ([16], [5, 11], [3, 3, 2], [7]):
+            for cache in kv:
+                cache.zero_()
+            out = graphs(**batch(lengths, kv)).clone()
+            torch.testing.assert_close(out, model(**batch(lengths, llama.make_kv_caches(cfg))), **FP32_TOL,
+                                       msg=str(lengths))
+    assert d["cudagraph_replays"] == 4
+
+
+# ---- what a replay cannot repeat ----------------------------------------------------------------------------------
+
+class Stack(nn.Module):
+    """A user's model: SDPA blocks, and between them a `probe(x, i)` that subclasses override."""
+
+    def __init__(self, layers: int = 3, width: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(layers))
+        self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+        self.width = width
+
+    def probe(self, x, i):
+        return x
+
+    def forward(self, x):
+        n = x.shape[0]
+        for i, (qkv, out) in enumerate(zip(self.qkv, self.out)):
+            q, k, v = qkv(x).view(1, n, 3, 2, self.width // 2).permute(2, 0, 3, 1, 4)
+            x = x + out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(n, -1))
+            x = self.probe(x, i)
+        return x
+
+
+class ItemBetweenLayers(Stack):
+    def probe(self, x, i):
+        return x * 2 if x.abs().max().item() > 1e6 else x
+
+
+class TolistBetweenLayers(Stack):
+    def probe(self, x, i):
+        return x + len([v for v in x[0].tolist() if v > 0]) * 0
+
+
+class NonzeroBetweenLayers(Stack):
+    def probe(self, x, i):
+        return x + torch.nonzero(x > 0).shape[0] * 0
+
+
+class PrintsTensor(Stack):
+    def probe(self, x, i):
+        print(x.sum())
+        return x
+
+
+@pytest.mark.parametrize("model_cls, what", [(ItemBetweenLayers, ".item()"), (TolistBetweenLayers, "tolist"),
+                                             (NonzeroBetweenLayers, "aten::nonzero"), (PrintsTensor, "printing")])
+def test_host_read_inside_a_segment_is_refused_at_capture(model_cls, what, simulated_capture):
+    graphs = breakable(model_cls().eval(), dynamic_arg_dims={"x": 0}, capture_sizes=[4])
+    with pytest.raises(BreakableCaptureError) as error:
+        graphs.warmup(lambda n: (torch.randn(n, 16),))
+    message = str(error.value)
+    assert what in message and "breaks=" in message and __file__ in message   # the user's line, and the fix
+
+
+class Monitor(nn.Module):
+    """Statistics read on the host: fine in a break, which runs (Python and all) at every replay."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[float] = []
+
+    def forward(self, x):
+        self.seen.append(x.abs().max().item())
+        return x
+
+
+class Monitored(Stack):
+    def __init__(self):
+        super().__init__()
+        self.monitors = nn.ModuleList(Monitor() for _ in range(len(self.qkv)))
+
+    def probe(self, x, i):
+        return self.monitors[i](x)
+
+
+def test_module_break_runs_its_python_at_every_replay(simulated_capture, fresh_counters):
+    model = Monitored().eval()
+    graphs = breakable(model, dynamic_arg_dims={"x": 0}, capture_sizes=[4, 8], pad_values={"x": 0},
+                       breaks=[*DEFAULT_BREAKS, Monitor])
+    report = graphs.warmup(lambda n: (torch.randn(n, 16),))
+    assert report["breaks"] == {4: 6, 8: 6}   # three SDPA calls and three monitors per size
+    reference = Monitored().eval()
+    with fresh_counters.expect(cudagraph_replays=3, eager_runs=0), torch.no_grad():
+        for n in (3, 8, 4):
+            x = torch.randn(n, 16)
+            before = len(model.monitors[0].seen)
+            torch.testing.assert_close(graphs(x), reference(x), **FP32_TOL)
+            # each monitor saw this call's values (the padded row included: pad value 0 adds a row of its own)
+            assert len(model.monitors[0].seen) == before + 1
+            assert model.monitors[2].seen[-1] >= reference.monitors[2].seen[-1] - 1e-5
+
+
+class GraphBroken(Stack):
+    """Dynamo cannot take this forward whole (a print and an explicit graph break between layers)."""
+
+    def probe(self, x, i):
+        print(f"layer {i} done")
+        torch._dynamo.graph_break()
+        return torch.tanh(x)
+
+
+def test_graph_broken_model_gets_one_capture_per_size(simulated_capture, fresh_counters, capsys):
+    model = GraphBroken().eval()
+    backend = vgc.VgcBackend(vgc.CompilationConfig(splitting_ops=["aten::scaled_dot_product_attention"]))
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(torch.compile(model, backend=backend)(x), want, **FP32_TOL)
+    # Dynamo (a graph break inside the layer loop) gives no graph of the whole step: none holds the three SDPAs
+    assert backend.graphs and all(sum(p.is_splitting for p in g.pieces) < 3 for g in backend.graphs)
+    graphs = breakable(model, dynamic_arg_dims={"x": 0}, capture_sizes=[8])
+    report = graphs.warmup(lambda n: (torch.randn(n, 16),))
+    assert report["segments"] == {8: 4} and report["breaks"] == {8: 3}   # the breaks are the SDPA calls only
+    capsys.readouterr()
+    with torch.no_grad():
+        torch.testing.assert_close(graphs(x), want, **FP32_TOL)
+    assert "layer" not in capsys.readouterr().out   # a replay runs no Python of the forward
+
+
+# ---- a break feeding a break: a cache that grows ------------------------------------------------------------------
+
+class GrowingCache(nn.Module):
+    """A dynamic KV cache: returns every key so far, one more per call (as transformers' DynamicCache does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys = None
+
+    def forward(self, k):
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
+        return self.keys
+
+
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.out = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.cache = GrowingCache()
+
+    def forward(self, x):   # x: [batch, 16], one token per sequence
+        b = x.shape[0]
+        q = self.q(x).view(b, 2, 1, 8)
+        keys = self.cache(self.k(x).view(b, 2, 1, 8))
+        return x + self.out(F.scaled_dot_product_attention(q, keys, keys).reshape(b, 16))
+
+
+def test_break_results_feed_later_breaks_whatever_their_length(simulated_capture, fresh_counters):
+    """The cache update and attention are breaks: each replay hands attention the update's fresh, longer keys, so
+    one graph per size serves every KV length."""
+    model, reference = Decoder().eval(), Decoder().eval()
+    graphs = breakable(model, dynamic_arg_dims={"x": 0}, capture_sizes=[4],
+                       breaks=[*DEFAULT_BREAKS, GrowingCache])
+    graphs.warmup(lambda n: (torch.zeros(n, 16),))
+    model.cache.keys = None   # warm-up and capture appended two steps; start a fresh sequence
+    with fresh_counters.expect(cudagraph_replays=5, eager_runs=0), torch.no_grad():
+        for step in range(5):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(graphs(x), reference(x), **FP32_TOL, msg=f"step {step}")
+    assert model.cache.keys.shape[2] == 5
+
+
+class ReadsTheCache(Decoder):
+    def forward(self, x):
+        b = x.shape[0]
+        keys = self.cache(self.k(x).view(b, 2, 1, 8))
+        return x + keys.mean(dim=2).reshape(b, 16)   # a segment reads the growing result
+
+
+def test_segment_reading_a_break_result_of_another_shape_raises(simulated_capture):
+    model = ReadsTheCache().eval()
+    graphs = breakable(model, dynamic_arg_dims={"x": 0}, capture_sizes=[4], breaks=[GrowingCache])
+    graphs.warmup(lambda n: (torch.zeros(n, 16),))
+    with pytest.raises(RuntimeError, match="captured as .* a captured segment reads it"), torch.no_grad():
+        graphs(torch.randn(4, 16))
+
+
+# ---- calls a graph cannot serve ------------------------------------------------------------------------------------
+
+def test_moved_cache_or_other_constant_runs_eagerly_with_the_right_answer(tiny, simulated_capture, fresh_counters,
+                                                                           caplog):
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    graphs, _ = llama_graphs(model, cfg, kv, whole=False)
+    with fresh_counters.expect(cudagraph_replays=0, eager_runs=1), torch.no_grad():
+        moved = llama.make_batch(cfg, 8, "decode")   # fresh KV caches: not the captured addresses
+        torch.testing.assert_close(graphs(**moved), model(**llama.make_batch(cfg, 8, "decode")), **FP32_TOL)
+    assert "not at the address it was captured with" in caplog.text
+
+    scaled = breakable(Scaled().eval(), dynamic_arg_dims={"x": 0}, capture_sizes=[4])
+    scaled.warmup(lambda n: (torch.ones(n, 16), 2.0))
+    with fresh_counters.expect(cudagraph_replays=1, eager_runs=1), torch.no_grad():
+        torch.testing.assert_close(scaled(torch.ones(4, 16), 2.0), torch.full((4, 16), 2.0))
+        torch.testing.assert_close(scaled(torch.ones(4, 16), 3.0), torch.full((4, 16), 3.0))
+    assert "scale is 3.0, captured as 2.0" in caplog.text
+
+
+class Scaled(nn.Module):
+    def forward(self, x, scale):
+        return x * scale
+
+
+def test_unmodified_transformers_model_equals_eager(simulated_capture, fresh_counters):
+    """transformers' Llama, unmodified, no cache: sequence lengths padded up to 8 or 16 (causal attention: padded
+    tokens at the end change no real one), its SDPA calls the breaks."""
+    model = hf_llama(2)
+    graphs = breakable(model, dynamic_arg_dims={"input_ids": 1}, capture_sizes=[8, 16], pad_values={"input_ids": 0})
+    with fresh_counters.expect(dynamo_traces=0, inductor_compiles=0):
+        report = graphs.warmup(lambda n: {"input_ids": torch.randint(128, (1, n)), "use_cache": False})
+    assert report["breaks"] == {8: 2, 16: 2}
+    with fresh_counters.expect(cudagraph_replays=3, eager_runs=0), torch.no_grad():
+        for n in (5, 8, 13):
+            ids = torch.randint(128, (1, n))
+            out = graphs(input_ids=ids, use_cache=False).last_hidden_state
+            torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dynamic_arg_dims": {}}, "dynamic_arg_dims must name"),
+    ({"dynamic_arg_dims": {"tokens": 0}}, "does not take"),
+    ({"dynamic_arg_dims": {"x": "0"}}, "must be a dim"),
+    ({"dynamic_arg_dims": {"x": 0}, "pad_values": {"y": 0}}, "not in dynamic_arg_dims"),
+    ({"dynamic_arg_dims": {"x": 0}, "breaks": [lambda x: x]}, "cannot be seen by the capture"),
+    ({"dynamic_arg_dims": {"x": 0}, "breaks": ["attention"]}, "operator names look like"),
+    ({"dynamic_arg_dims": {"x": 0}, "capture_sizes": [0]}, "positive ints"),
+])
+def test_bad_arguments_name_the_fix(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        breakable(Stack(), **kwargs)
+
+
+def test_inputs_of_the_wrong_size_are_refused_at_warmup(simulated_capture):
+    graphs = breakable(Stack(), dynamic_arg_dims={"x": 0}, capture_sizes=[4])
+    with pytest.raises(ValueError, match="make_inputs\\(n\\) must make calls of size n"):
+        graphs.warmup(lambda n: (torch.randn(n + 1, 16),))
