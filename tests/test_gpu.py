@@ -270,3 +270,87 @@ def test_speculative_decoding_batches_replay_real_full_graphs(tiny_fp32, fresh_c
             eager = model(**llama.make_batch(cfg, 4 * sequences, "decode", device="cuda", query_len=4))
             torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{sequences} sequences")
     assert d["cudagraph_replays"] == 4
+
+
+# ---- graphs without the compiler: eager pieces, breakable capture ---------------------------------------------
+
+def test_eager_pieces_graph_modes_equal_eager(tiny_fp32, fresh_counters, no_cache):
+    cfg, model = tiny_fp32
+    kv = llama.make_kv_caches(cfg, "cuda")
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(piece_backend="eager", cudagraph_mode="full_and_piecewise",
+                                                               cudagraph_capture_sizes=[1, 4, 16, 64]),
+                           pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
+    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                             make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
+                                                                           kv_caches=kv))
+    assert report["cudagraphs"]["full_graphs"] == 4 and fresh_counters.inductor_compiles == 0
+    with fresh_counters.expect(cudagraph_captures=0, inductor_compiles=0) as d, torch.no_grad():
+        for kind in ("decode", "prefill"):
+            for n in (1, 3, 13, 64):
+                out = compiled(**llama.make_batch(cfg, n, kind, device="cuda", kv_caches=kv)).clone()
+                eager = model(**llama.make_batch(cfg, n, kind, device="cuda"))
+                torch.testing.assert_close(out, eager, **FP32_TOL, msg=f"{kind} T={n}")
+    assert d["cudagraph_replays"] == 8
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["breakable", "breakable+whole-decode"])
+def test_breakable_graphs_equal_eager_on_real_capture(whole, tiny_fp32, fresh_counters):
+    from vgc.cudagraph import breakable
+
+    cfg, model = tiny_fp32
+    kv = llama.make_kv_caches(cfg, "cuda")
+    graphs = breakable(model, dynamic_arg_dims={name: 0 for name in llama.PAD_VALUES},
+                       capture_sizes=[1, 2, 4, 8, 16, 64, 256], pad_values=llama.PAD_VALUES,
+                       uniform_decode=llama.is_uniform_decode if whole else None)
+    with fresh_counters.expect(dynamo_traces=0, inductor_compiles=0):
+        report = graphs.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                               make_decode_inputs=(lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
+                                                                              kv_caches=kv)) if whole else None)
+    assert report["breaks"][256] == cfg.num_layers and len(report["whole_graph_sizes"]) == (7 if whole else 0)
+    with fresh_counters.expect(eager_runs=1) as d, torch.no_grad():
+        for kind in ("decode", "prefill"):
+            for n in (1, 3, 13, 64, 200) + ((300,) if kind == "prefill" else ()):
+                out = graphs(**llama.make_batch(cfg, n, kind, device="cuda", kv_caches=kv)).clone()
+                eager_batch = llama.make_batch(cfg, n, kind, device="cuda")
+                torch.testing.assert_close(out, model(**eager_batch), **FP32_TOL, msg=f"{kind} T={n}")
+                for cache, eager_cache in zip(kv, eager_batch["kv_caches"]):
+                    torch.testing.assert_close(cache, eager_cache, **FP32_TOL)
+    assert d["cudagraph_replays"] == 10
+
+
+def test_breakable_refuses_a_host_read_before_the_driver_does(fresh_counters):
+    from vgc.cudagraph import breakable, BreakableCaptureError
+
+    class ItemBetweenLayers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            x = self.a(x)
+            if x.abs().max().item() > 1e6:
+                x = x / 2
+            return self.b(x)
+
+    graphs = breakable(ItemBetweenLayers().cuda().eval(), dynamic_arg_dims={"x": 0}, capture_sizes=[4])
+    with pytest.raises(BreakableCaptureError, match="item"):
+        graphs.warmup(lambda n: (torch.randn(n, 16, device="cuda"),))
+    x = torch.randn(4, 16, device="cuda")   # the stream is usable after the refused capture
+    torch.testing.assert_close(graphs(x), graphs.model(x))
+
+
+def test_breakable_unmodified_hugging_face_llama(fresh_counters):
+    import transformers
+    from vgc.cudagraph import breakable
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(config).cuda().eval()
+    graphs = breakable(model, dynamic_arg_dims={"input_ids": 1}, capture_sizes=[8, 16], pad_values={"input_ids": 0})
+    graphs.warmup(lambda n: {"input_ids": torch.randint(128, (1, n), device="cuda"), "use_cache": False})
+    with fresh_counters.expect(cudagraph_replays=3, eager_runs=0), torch.no_grad():
+        for n in (5, 8, 13):
+            ids = torch.randint(128, (1, n), device="cuda")
+            out = graphs(input_ids=ids, use_cache=False).last_hidden_state
+            torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)

@@ -2,8 +2,9 @@
 
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", vgc.compile with
 cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE, FULL_AND_PIECEWISE's twins (attention reading the
-lengths once per layer, vgc's skinny matmul kernel, PDL, tuning scoped to a static batch-1 artifact), and
-drop-in torch.compile(backend="vgc") with PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch
+lengths once per layer, vgc's skinny matmul kernel, PDL, tuning scoped to a static batch-1 artifact, eager pieces:
+no Inductor), breakable graphs (`vgc.cudagraph.breakable`: no Dynamo, no Inductor; with or without whole graphs
+for decode batches) and drop-in torch.compile(backend="vgc") with PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch
 sizes and one prefill size.
 Each cell is the median of `--steps` steps timed with CUDA events after `--warmup` untimed steps. With `--passes`,
 some vgc rows get a "+ passes" twin (every built-in graph pass on), timed interleaved with the plain row; with
@@ -24,8 +25,8 @@ import time
 
 import torch
 
-from vgc.bench.timing import (add_row_flags, copy_bandwidth_gbs, kernels_per_call, llama_on_cuda, print_pass_speedups,
-                              row_groups, time_interleaved, warm_llama, with_pass_twins)
+from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs, kernels_per_call, llama_on_cuda,
+                              print_pass_speedups, row_groups, time_interleaved, warm_llama, with_pass_twins)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         return compiled, {"capture_s": graphs.get("capture_seconds", 0.0),
                           "graphs": graphs.get("piecewise_graphs", 0) + graphs.get("full_graphs", 0)}
 
+    def breakable_model(whole_decode: bool):
+        graphs, report = breakable_llama(model, cfg, kv, whole_decode)
+        return graphs, {"capture_s": report["seconds"]["capture"],
+                        "graphs": sum(report["segments"].values()) + len(report["whole_graph_sizes"])}
+
     def unshared_lengths(build):
         # The twin of the default: every layer's attention reads the lengths to the host again (one sync each)
         from vgc import backend
@@ -108,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         "vgc F&P + skinny mm": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmuls": True}),
         "vgc F&P + PDL": lambda: vgc_model("full_and_piecewise", inductor_compile_config={"triton.enable_pdl": True}),
         "vgc F&P tuned [1]": lambda: vgc_model("full_and_piecewise", **tuned),
+        # Without Inductor: the pieces run their own graphs; or no Dynamo either, the eager forward captured in
+        # segments between attention calls (whole graphs for decode batches, or attention eager there too)
+        "vgc F&P eager pieces": lambda: vgc_model("full_and_piecewise", piece_backend="eager"),
+        "breakable + whole decode": lambda: breakable_model(True),
+        "breakable": lambda: breakable_model(False),
         # Drop-in: graphs are captured on the second call at each shape (the untimed call and warm-up steps).
         "drop-in PIECEWISE": lambda: (dropin("piecewise"), {}),
         "drop-in FULL": lambda: (dropin("full"), {}),
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             for column, make in columns:
                 batch = make()
                 for name, (fn, extra) in built.items():
-                    if "vgc" in name and "NONE" not in name or "reduce-overhead" in name:
+                    if "vgc" in name and "NONE" not in name or "reduce-overhead" in name or "breakable" in name:
                         extra.setdefault("kernels", {})[column] = kernels_per_call(fn, batch)
         for name, (_, extra) in built.items():
             results[name] = {"ms": cells[name], **extra}
@@ -172,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         print(f"{name:26s}" + "".join(f"{r['ms'][c]:14.3f}" for c, _ in columns)
               + f"{r['setup_s']:10.1f}{r.get('capture_s', 0.0):11.1f}"
-              + (f"{r['inductor_compiles']:10d}" if name.startswith("vgc") else f"{'-':>10s}"))
+              + (f"{r['inductor_compiles']:10d}" if name.startswith(("vgc", "breakable")) else f"{'-':>10s}"))
     print(f"\nroofline: {weight_bytes / 1e9:.2f} GB of weights per step; a device-to-device copy moves "
           f"{copy_gbs:.0f} GB/s here (floor {weight_bytes / copy_gbs / 1e6:.3f} ms). Weight GB/s (share of copy):")
     for name, r in results.items():

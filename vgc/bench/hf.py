@@ -6,7 +6,9 @@ hidden 2048, 32/8 heads), run on whole sequences without a KV cache; `vit`, a `V
 
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", and drop-in
 torch.compile(backend="vgc") with cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE split at SDPA, and
-FULL with `splitting_ops=[]` ("one piece": Inductor compiles attention too, as reduce-overhead does); with
+FULL with `splitting_ops=[]` ("one piece": Inductor compiles attention too, as reduce-overhead does), drop-in
+FULL_AND_PIECEWISE with eager pieces (no Inductor), and breakable graphs (`vgc.cudagraph.breakable`: no Dynamo,
+no Inductor; captured at each shape's first call, SDPA eager between segments); with
 `--passes`, each vgc row has a "+ passes" twin with every built-in graph pass on (`vgc.passes`), on a copy of the
 model, timed interleaved with its plain row (5 alternating chunks), and the table compares the two. Each model is
 compiled once per row and called at every shape in turn (Dynamo compiles the first shape static and the next one
@@ -89,6 +91,24 @@ def main(argv: list[str] | None = None) -> int:
         # The twin with passes runs on a copy: the fusion rebinds the weights, and the plain row runs beside it.
         return torch.compile(copy.deepcopy(model) if passes else model, backend="vgc", options=options)
 
+    def breakable_graphs():
+        # one set of breakable graphs per input shape, captured at its first call (as drop-in captures on demand)
+        from vgc.cudagraph import breakable
+
+        name = next(iter(make_batch(shapes[0])))
+        dim = 1 if args.model == "llama" else 0   # tokens of a [batch, tokens] sequence; images of a batch
+        by_shape: dict = {}
+
+        def call(**batch):
+            key = tuple(batch[name].shape)
+            graphs = by_shape.get(key)
+            if graphs is None:
+                graphs = by_shape[key] = breakable(model, dynamic_arg_dims={name: dim},
+                                                   capture_sizes=[batch[name].shape[dim]])
+                graphs.warmup(lambda n: batch)
+            return graphs(**batch)
+        return call
+
     rows = {
         "eager": lambda: model,
         "inductor default": lambda: torch.compile(model),
@@ -98,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         "drop-in FULL": lambda: dropin("full"),
         "drop-in FULL, one piece": lambda: dropin("full", splitting_ops=[]),
         "drop-in FULL_AND_PIECEWISE": lambda: dropin("full_and_piecewise"),
+        "drop-in F&P eager pieces": lambda: torch.compile(model, backend="vgc", options={
+            "cudagraph_mode": "full_and_piecewise", "splitting_ops": SPLIT_AT_SDPA, "piece_backend": "eager"}),
+        "breakable": breakable_graphs,
     }
     if args.passes:
         rows = with_pass_twins(rows, {

@@ -5,7 +5,9 @@ the root), Triton's (`TRITON_CACHE_DIR`) and CUDA's PTX cache (`CUDA_CACHE_PATH`
 again, so the saved trace and every artifact load. Bundle: what a deployment sees, the root packed into one file
 (`vgc cache pack`), unpacked under a new root, and a process started there with every other cache empty. The table
 prints each phase and counts Dynamo traces and Inductor calls; "after build" is the first output less the import
-and the model's construction, what vgc adds to a start.
+and the model's construction, what vgc adds to a start. `--strategy eager-pieces` starts `vgc.compile` with
+`piece_backend="eager"`; `--strategy breakable` captures `vgc.cudagraph.breakable` graphs (nothing to trace,
+compile or cache: every start is its warm-up's capture).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import tempfile
 import time
 
 MODES = ("none", "piecewise", "full", "full_and_piecewise")
+STRATEGIES = ("inductor", "eager-pieces", "breakable")
 
 
-def _child(model_name: str, device: str, mode: str, spawned_at: float) -> None:
+def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: float) -> None:
     import torch
 
     import vgc
@@ -37,11 +40,19 @@ def _child(model_name: str, device: str, mode: str, spawned_at: float) -> None:
         torch.cuda.synchronize()
     t_model = time.perf_counter() - start
     kv = llama.make_kv_caches(cfg, device=device)   # graphs replay on caches that stay put
-    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode=mode),
-                           pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
-    report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device=device, kv_caches=kv),
-                             make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device=device,
-                                                                           kv_caches=kv))
+    if strategy == "breakable":   # no Dynamo, no Inductor: warmup() is the capture
+        from vgc.bench.timing import breakable_llama
+
+        compiled, report = breakable_llama(model, cfg, kv, whole_decode=mode in ("full", "full_and_piecewise"))
+        report["seconds"] = {"warmup": report["seconds"]["capture"], "cudagraph_capture": report["seconds"]["capture"]}
+    else:
+        config = vgc.CompilationConfig(cudagraph_mode=mode, piece_backend="eager" if strategy == "eager-pieces"
+                                       else "inductor")
+        compiled = vgc.compile(model, config=config, pad_values=llama.PAD_VALUES,
+                               uniform_decode=llama.is_uniform_decode)
+        report = compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device=device, kv_caches=kv),
+                                 make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device=device,
+                                                                               kv_caches=kv))
     start = time.perf_counter()
     with torch.no_grad():
         out = compiled(**llama.make_batch(cfg, 8, "decode", device=device, kv_caches=kv))
@@ -56,7 +67,7 @@ def _child(model_name: str, device: str, mode: str, spawned_at: float) -> None:
         "compile_s": seconds.get("compile_or_load", 0.0), "load_artifacts_s": seconds.get("load_artifacts", 0.0),
         "save_trace_s": seconds.get("save_trace", 0.0), "capture_s": seconds.get("cudagraph_capture", 0.0),
         "first_output_s": time.time() - spawned_at, "decode_call_s": time.perf_counter() - start,
-        "trace_source": compiled.trace_source, "dynamo_traces": counts.dynamo_traces,
+        "trace_source": getattr(compiled, "trace_source", "none"), "dynamo_traces": counts.dynamo_traces,
         "inductor_compiles": counts.inductor_compiles, "artifacts_loaded": counts.artifacts_loaded,
         "traces_loaded": counts.traces_loaded, "finite": bool(torch.isfinite(out).all()),
     }))
@@ -68,10 +79,10 @@ def cache_dirs(root: str) -> dict[str, str]:
             "CUDA_CACHE_PATH": os.path.join(root, "cuda")}
 
 
-def _run_child(model_name: str, device: str, mode: str, root: str) -> dict:
+def _run_child(model_name: str, device: str, mode: str, root: str, strategy: str = "inductor") -> dict:
     env = dict(os.environ, **cache_dirs(root))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)   # Inductor's cache then lives under the vgc root
-    proc = subprocess.run([sys.executable, "-m", "vgc.bench.startup", "--child", model_name, device, mode,
+    proc = subprocess.run([sys.executable, "-m", "vgc.bench.startup", "--child", model_name, device, mode, strategy,
                            repr(time.time())], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"startup child failed:\n{proc.stderr[-4000:]}")
@@ -92,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
     parser.add_argument("--cudagraph-mode", choices=MODES, default="none",
                         help="capture CUDA graphs in warmup() too (CUDA only); default none")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="inductor",
+                        help="vgc.compile with Inductor pieces (default) or eager pieces (piece_backend='eager'), or "
+                             "breakable graphs (vgc.cudagraph.breakable: no Dynamo, no Inductor, nothing cached; "
+                             "needs CUDA and a cudagraph mode)")
     parser.add_argument("--warm-runs", type=int, default=2)
     parser.add_argument("--no-bundle", action="store_true", help="skip the bundle row (pack, unpack, start)")
     parser.add_argument("--json", help="also write the results here")
@@ -99,19 +114,23 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model_name = args.model or ("llama_1b" if device == "cuda" else "tiny")
     root = tempfile.mkdtemp(prefix="vgc-bench-startup-")
+    if args.strategy == "breakable" and (device != "cuda" or args.cudagraph_mode == "none"):
+        raise SystemExit("--strategy breakable captures CUDA graphs: it needs --device cuda and --cudagraph-mode "
+                         "piecewise (attention eager everywhere) or full_and_piecewise (whole decode graphs)")
     print(f"vgc bench startup: {model_name} on {device}, torch {torch.__version__}, cudagraph_mode "
-          f"{args.cudagraph_mode}; every cache starts empty in:")
+          f"{args.cudagraph_mode}, strategy {args.strategy}; every cache starts empty in:")
     for name, path in cache_dirs(root).items():
         print(f"  {name}={path}")
     if sys.dont_write_bytecode and not os.path.exists(importlib.util.cache_from_source(torch.__file__)):
         print("note: Python writes no bytecode here (PYTHONDONTWRITEBYTECODE), so every process compiles the source "
               "of the torch modules it imports; an installed torch has its .pyc files")
     print(f"  TORCHINDUCTOR_CACHE_DIR={os.path.join(cache_dirs(root)['VGC_CACHE_ROOT'], 'inductor_cache')}")
-    cold = _run_child(model_name, device, args.cudagraph_mode, root)
-    warms = [_run_child(model_name, device, args.cudagraph_mode, root) for _ in range(args.warm_runs)]
+    cold = _run_child(model_name, device, args.cudagraph_mode, root, args.strategy)
+    warms = [_run_child(model_name, device, args.cudagraph_mode, root, args.strategy) for _ in range(args.warm_runs)]
     warm = min(warms, key=lambda r: r["warmup_s"])
     rows = [("cold", cold)] + [(f"warm {i + 1}", r) for i, r in enumerate(warms)]
-    deployment = None if args.no_bundle else _deploy(model_name, device, args.cudagraph_mode, root)
+    deployment = None if args.no_bundle or args.strategy == "breakable" else \
+        _deploy(model_name, device, args.cudagraph_mode, root, args.strategy)
     if deployment is not None:
         rows.append(("bundle", deployment["run"]))
     print(f"{'run':8s}" + "".join(f"{title:>15s}" for title, _ in COLUMNS)
@@ -130,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": model_name, "device": device, "torch": torch.__version__,
-                       "cudagraph_mode": args.cudagraph_mode, "cold": cold, "warm": warms,
+                       "cudagraph_mode": args.cudagraph_mode, "strategy": args.strategy, "cold": cold, "warm": warms,
                        "bundle": deployment}, f, indent=1)
     return 0
 
 
-def _deploy(model_name: str, device: str, mode: str, root: str) -> dict:
+def _deploy(model_name: str, device: str, mode: str, root: str, strategy: str) -> dict:
     """Pack the warm root, unpack it under a new root whose other caches are empty, start a process there."""
     from vgc.cache import bundle
 
@@ -148,11 +167,11 @@ def _deploy(model_name: str, device: str, mode: str, root: str) -> dict:
     bundle.unpack(path, cache_dirs(target)["VGC_CACHE_ROOT"])
     unpack_s = time.perf_counter() - start
     return {"pack_s": pack_s, "unpack_s": unpack_s, "mib": os.path.getsize(path) / 2 ** 20,
-            "run": _run_child(model_name, device, mode, target)}
+            "run": _run_child(model_name, device, mode, target, strategy)}
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--child":
-        _child(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
+    if len(sys.argv) == 7 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], float(sys.argv[6]))
     else:
         raise SystemExit(main())

@@ -153,6 +153,21 @@ def llama_on_cuda(name: str):
     return cfg, llama.Llama(cfg).cuda().eval(), llama.make_kv_caches(cfg, "cuda")
 
 
+def breakable_llama(model, cfg, kv, whole_decode: bool = True, capture_sizes: list[int] | None = None):
+    """`vgc.cudagraph.breakable` graphs of the reference decoder over the caches `kv`, captured (no Dynamo, no
+    Inductor): attention breaks each size's capture; with `whole_decode`, decode batches get one graph each with
+    attention inside (the FULL_AND_PIECEWISE equivalent). (graphs, warmup()'s report)."""
+    from vgc.cudagraph import breakable
+    from vgc.models import llama
+
+    graphs = breakable(model, dynamic_arg_dims={name: 0 for name in llama.PAD_VALUES}, capture_sizes=capture_sizes,
+                       pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode if whole_decode else None)
+    report = graphs.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
+                           make_decode_inputs=(lambda n: llama.make_batch(cfg, n, "decode", device="cuda",
+                                                                          kv_caches=kv)) if whole_decode else None)
+    return graphs, report
+
+
 def warm_llama(model, cfg, kv, config, record: str | None = None):
     """`vgc.compile` of the reference decoder with `config`, warmed up on prefill batches with FULL graphs on
     decode batches over the caches `kv`; (compiled model, warmup()'s report)."""

@@ -33,7 +33,7 @@ from filelock import FileLock
 
 from vgc._version import __version__
 from vgc.cache import inventory, verify
-from vgc.cache.keys import diff_factors, environment_factors
+from vgc.cache.keys import compiles, diff_factors, environment_factors
 from vgc.cache.layout import atomic_file, CACHE_SUBDIR, FACTORS_FILE, LOCK_DIR, make_private_dirs, untrusted_reason
 from vgc.cache.recovery import INDUCTOR_SUBDIR
 from vgc.cache.store import content_hash, factors_problem
@@ -184,7 +184,8 @@ def _environment_problems(entry_hash: str, factors: dict[str, Any]) -> list[str]
                     f"{stored.get('device_capability')}), and this machine has no CUDA device"]
     elif device != "cpu":
         return [f"entry {entry_hash} is for device type {device!r}, which vgc does not know"]
-    current = environment_factors(device)
+    config = factors.get("config")
+    current = environment_factors(device, compiles(config if isinstance(config, dict) else {}))
     differences = diff_factors({"environment": stored}, {"environment": current})
     return [f"entry {entry_hash} was built for another environment: {d}" for d in differences]
 

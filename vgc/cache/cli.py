@@ -19,7 +19,7 @@ from typing import Any
 from vgc import envs
 from vgc.cache import bundle as bundles
 from vgc.cache import inventory, layout, saved_traces, verify
-from vgc.cache.keys import cache_key, diff_factors, environment_factors, source_factors
+from vgc.cache.keys import cache_key, compiles, diff_factors, environment_factors, source_factors
 from vgc.config import CompilationConfig
 
 _LS_WIDTH = 120   # the differences line of `ls` stops adding factors here
@@ -336,13 +336,13 @@ def _stored_manifest(entry: inventory.Entry) -> dict[str, Any]:
     return manifest
 
 
-def _environment(device: str) -> dict[str, Any]:
+def _environment(device: str, config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: this process sees no CUDA device; run why-miss on a machine with the GPU "
                          "that will load the cache")
-    return environment_factors(device)
+    return environment_factors(device, compiles(config))
 
 
 def _why_miss(root: Path, args) -> int:
@@ -363,7 +363,7 @@ def _why_miss(root: Path, args) -> int:
     if not candidates:
         print(f"no cache entries under {root / layout.CACHE_SUBDIR}: every compile is a miss")
         return 1
-    env = _environment(device)
+    env = _environment(device, config)
     directories = [Path(d).expanduser() for d in args.sources or []]
     for directory in directories:
         if not directory.is_dir():

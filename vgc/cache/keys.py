@@ -33,13 +33,19 @@ def _triton_version() -> str | None:
 
 
 @functools.cache
-def _device_factors(device_type: str) -> dict[str, Any]:
+def _device_factors(device_type: str, compiles: bool) -> dict[str, Any]:
     if device_type == "cuda":
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return {"device_name": props.name, "device_capability": f"{props.major}.{props.minor}",
                 "cuda_version": torch.version.cuda, "triton_version": _triton_version()}
-    # CPU kernels are C++ specialised for the vector ISA of the machine that generated them.
-    return {"machine": platform.machine(), "cpu_vec_isa": _compat.cpu_vec_isa()}
+    # CPU kernels are C++ specialised for the vector ISA of the machine that generated them (found by building
+    # probe programs: seconds on a fresh machine, not spent where no piece is compiled).
+    return {"machine": platform.machine(), **({"cpu_vec_isa": _compat.cpu_vec_isa()} if compiles else {})}
+
+
+def compiles(config_factors: dict[str, Any]) -> bool:
+    """Whether an entry of these config factors holds Inductor's code (not for `piece_backend="eager"`)."""
+    return config_factors.get("piece_backend", "inductor") != "eager"
 
 
 @functools.cache
@@ -56,8 +62,8 @@ def vgc_source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def environment_factors(device_type: str) -> dict[str, Any]:
-    """Versions and compiler settings that change generated code."""
+def environment_factors(device_type: str, compiles: bool = True) -> dict[str, Any]:
+    """Versions and compiler settings that change generated code (`compiles`: Inductor generates some)."""
     inductor = _compat.inductor_config_portable()
     functorch = _compat.functorch_config_portable()
     return {
@@ -67,7 +73,7 @@ def environment_factors(device_type: str) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "torch_build": _compat.torch_build_key(),
         "device_type": device_type,
-        **_device_factors(device_type),
+        **_device_factors(device_type, compiles),
         # a tensor-parallel shard's code depends on how many ranks share the model; its rank only picks the
         # directory (rank_<r>_<dp>/), since every rank compiles the same code
         "world_size": rank_and_size()[1],
