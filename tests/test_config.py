@@ -30,7 +30,8 @@ def test_config_fields_keep_their_names_and_defaults():
         "dynamic_shapes_config",
         "cache_dir", "compile_cache_save_format", "cudagraph_mm_encoder", "encoder_cudagraph_token_budgets",
         "encoder_cudagraph_max_vision_items_per_batch", "encoder_cudagraph_max_frames_per_batch", "pass_config",
-        "inductor_passes", "debug"]
+        "inductor_passes", "debug", "piece_backend"]
+    assert config.piece_backend == vgc.PieceBackend.INDUCTOR
     assert config.splitting_ops == ["vgc::attention", "vgc::varlen_attention"]
     assert config.dynamic_shapes_config == vgc.DynamicShapesConfig(DynamicShapesType.BACKED)
     assert config.max_cudagraph_capture_size == 512 and config.cudagraph_mode is None

@@ -200,11 +200,12 @@ class FieldSpec:
     doc: str
     check: Callable[[Any, str], Any]
     # In the hash only if it changes the code Inductor generates; a field that changes where the code is stored
-    # or how it is replayed would split the cache for nothing.
-    in_hash: bool
+    # or how it is replayed would split the cache for nothing. "unless default": a later field, in the hash only
+    # when set otherwise, so that every entry keyed before it existed keeps its key.
+    in_hash: bool | str
 
 
-def _field(doc: str, check: Callable[[Any, str], Any], *, in_hash: bool,
+def _field(doc: str, check: Callable[[Any, str], Any], *, in_hash: bool | str,
            default: Any = None, factory: Callable[[], Any] | None = None) -> Any:
     metadata = {"vgc": FieldSpec(doc, check, in_hash)}
     if factory is not None:
@@ -229,11 +230,6 @@ class CompilationConfig:
         "Operators the graph is split at; each runs eagerly between compiled pieces. None means "
         "vgc's attention ops, `['vgc::attention', 'vgc::varlen_attention']`, and SDPA in a graph where it reads more "
         "keys than queries (a KV cache); `[]` gives one piece.", _splitting_ops, in_hash=True)
-    piece_backend: PieceBackend = _field(
-        "What runs the pieces between splitting ops: `inductor` (compiled per piece, cached) or `eager` (the "
-        "piece's own graph, with no Inductor call: capture, split, saved traces and CUDA graphs stay; cold starts "
-        "cost a trace, not a compile; `compile_sizes` and Inductor options do nothing).",
-        _enum(PieceBackend), in_hash=True, default=PieceBackend.INDUCTOR)
     compile_sizes: list[int] = _field(
         "Sizes of the dynamic dimension that get a static-size Inductor artifact besides the symbolic-size one.",
         _sorted_ints(1), in_hash=True, factory=list)
@@ -313,6 +309,12 @@ class CompilationConfig:
         "shape (drop-in), and one in 100 after it, without graphs, and raise if the replay differs.", _bool,
         in_hash=False, default=False)
 
+    piece_backend: PieceBackend = _field(
+        "What runs the pieces between splitting ops: `inductor` (compiled per piece, cached) or `eager` (the "
+        "piece's own graph, with no Inductor call: capture, split, saved traces and CUDA graphs stay; cold starts "
+        "cost a trace, not a compile; `compile_sizes` and Inductor options do nothing).",
+        _enum(PieceBackend), in_hash="unless default", default=PieceBackend.INDUCTOR)
+
     def __post_init__(self):
         for f in dataclasses.fields(self):
             setattr(self, f.name, _spec(f).check(getattr(self, f.name), f.name))
@@ -343,7 +345,8 @@ class CompilationConfig:
         return sorted({s for s in (1, 2, 4) if s <= cap} | set(range(8, cap + 1, 8)))
 
     def hash_factors(self) -> dict[str, Any]:
-        return {f.name: _normalize(getattr(self, f.name)) for f in dataclasses.fields(self) if _spec(f).in_hash}
+        return {f.name: _normalize(getattr(self, f.name)) for f in dataclasses.fields(self) if _spec(f).in_hash is True
+                or (_spec(f).in_hash and getattr(self, f.name) != _default(f))}
 
     def compute_hash(self) -> str:
         """Hash of the fields that change generated code (not where or whether it is cached)."""
@@ -377,7 +380,7 @@ def config_fields_markdown() -> str:
     for f in dataclasses.fields(CompilationConfig):
         spec = _spec(f)
         rows.append(f"| `{f.name}` | `{cell(str(f.type))}` | `{cell(repr(_normalize(_default(f))))}` | "
-                    f"{'yes' if spec.in_hash else 'no'} | {cell(spec.doc)} |")
+                    f"{'yes' if spec.in_hash is True else f'yes, {spec.in_hash}' if spec.in_hash else 'no'} | {cell(spec.doc)} |")
     return "\n".join(rows) + "\n"
 
 
