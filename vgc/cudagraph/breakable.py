@@ -220,7 +220,7 @@ class _Capture:
             self.refuse("a tensor's value is read on the host (.item(), bool(), int() or float() of a tensor)")
         if torch.Tag.dynamic_output_shape in getattr(func, "tags", ()) and not _integer_indexing(name, args):
             self.refuse(f"{name} makes an output whose shape depends on data (a host sync)")
-        leaves = [x for x in _compat.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        leaves = _tensors_in(args, kwargs)
         if name in _COPIES:
             devices = {x.device.type for x in leaves} | {str(kwargs.get("device", "")).split(":")[0]} - {""}
             if "cpu" in devices and len(devices) > 1:
@@ -237,6 +237,18 @@ class _Capture:
                 self.inputs_read.add(source[1])
             else:
                 self.steps[source[1]].copy_back.add(source[2])
+
+
+def _tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among an operator's arguments: tensors, and lists of them (`Tensor[]`), one level deep (an
+    operator's schema nests no deeper; a pytree walk per operator made capture a third slower)."""
+    found = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(x for x in value if isinstance(x, torch.Tensor))
+    return found
 
 
 def _integer_indexing(name: str, args: tuple) -> bool:
@@ -279,8 +291,8 @@ class _WatchOps(TorchDispatchMode):
             return func(*args, **kwargs)
         self.capture.saw_op(func, args, kwargs)
         out = func(*args, **kwargs)
-        self.capture.graph_storages.update(x.untyped_storage().data_ptr() for x in _compat.tree_leaves(out)
-                                           if isinstance(x, torch.Tensor) and x.device.type != "meta")
+        self.capture.graph_storages.update(x.untyped_storage().data_ptr() for x in _tensors_in((out,), {})
+                                           if x.device.type != "meta")
         return out
 
 
@@ -503,9 +515,13 @@ class BreakableGraphs:
             self.static.reserve(name, bound.arguments[name], dim, size)
         bound.arguments.update(self.static.pad_all(bound.arguments, self.dynamic, 0))
         call = lengths_read_once(self.model)
-        out = call(*bound.args, **bound.kwargs)   # warm: lazy initialisation, autotuning, allocator blocks
-        self._learn_output_dims(size, out)
-        device = next(iter(output_tensors(out)), bound.arguments[self.size_arg]).device
+        if breaks is None or self._pool is None:
+            # warm first: lazy initialisation, kernels compiled on first use, allocator blocks. Once done at the
+            # first size, breakable captures need no more (their kernels at a new size are torch's own, and the
+            # attention between segments runs outside any capture); whole graphs hold attention's kernels, which
+            # compile per specialisation on first use, so each warms first.
+            call(*bound.args, **bound.kwargs)
+        device = bound.arguments[self.size_arg].device
         if self._pool is None:
             self._pool = cuda_runtime.new_pool()
         cuda_runtime.synchronize(device)
@@ -513,7 +529,7 @@ class BreakableGraphs:
         cuda_runtime.reset_peak_memory(device)
         key = size if breaks is not None else f"whole:{size}"
         try:
-            entry, _ = _capture_entry(call, bound, self.dynamic, self._pool, breaks, module_breaks)
+            entry, out = _capture_entry(call, bound, self.dynamic, self._pool, breaks, module_breaks)
         except BreakableCaptureError:
             raise
         except torch.OutOfMemoryError as error:
@@ -528,6 +544,7 @@ class BreakableGraphs:
         self.memory.captured(key, size, cuda_runtime.reserved_bytes(device) - before)
         into[size] = entry
         self.counters.add(cudagraph_captures=entry.segments)
+        self._learn_output_dims(size, out)
 
     def _learn_output_dims(self, size: int, out) -> None:
         """Which output dims follow the call's size: those that differ between two sizes by their difference."""
