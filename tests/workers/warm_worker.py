@@ -2,7 +2,7 @@
 report as JSON. The model comes from a file (`--model-file`, defining `build()` and `inputs(n)`) or is the tiny
 reference decoder.
 
-usage: python warm_worker.py [--model-file PATH] [--outputs PATH] [--config JSON]   (the cache root comes from
+usage: python warm_worker.py [--model-file PATH] [--outputs PATH] [--config JSON] [--layers N]   (the cache root comes from
 VGC_CACHE_ROOT; --outputs saves the compiled outputs, for comparing processes exactly; --config: CompilationConfig
 fields)
 """
@@ -26,10 +26,12 @@ def load_model_file(path: str):
     return module.build(), module.inputs
 
 
-def tiny_decoder():
+def tiny_decoder(layers: int | None = None):
+    import dataclasses
+
     from vgc.models import llama
 
-    cfg = llama.tiny_config()
+    cfg = llama.tiny_config() if layers is None else dataclasses.replace(llama.tiny_config(), num_layers=layers)
     return llama.Llama(cfg), lambda n: llama.make_batch(cfg, n, "prefill")
 
 
@@ -38,11 +40,12 @@ def main() -> None:
     parser.add_argument("--model-file")
     parser.add_argument("--outputs")
     parser.add_argument("--config", default="{}")
+    parser.add_argument("--layers", type=int, help="layers of the tiny decoder (default: its config's)")
     args = parser.parse_args()
     warnings = WarningRecorder()
     import logging
     logging.getLogger("vgc").addHandler(warnings)
-    model, inputs = load_model_file(args.model_file) if args.model_file else tiny_decoder()
+    model, inputs = load_model_file(args.model_file) if args.model_file else tiny_decoder(args.layers)
     compiled = vgc.compile(model, config=json.loads(args.config))
     report = compiled.warmup(inputs)
     max_diff, outputs = 0.0, {}

@@ -117,8 +117,8 @@ class GraphPlan:
         stored = {p.name: getattr(split_gm, p.name) for p in state["plans"]
                   if isinstance(getattr(split_gm, p.name, None), fx.GraphModule)}   # compiled pieces: stand-ins
         by_key = {p.key: stored[p.name] for p in state["plans"] if p.name in stored}
-        plans = [replace(p, module=stored.get(p.name) or by_key.get(p.key)) if p.splitting or p.name in stored else p
-                 for p in state["plans"]]
+        plans = [replace(p, module=stored.get(p.name) or by_key.get(p.key))
+                 if p.splitting or p.name in stored or p.key in by_key else p for p in state["plans"]]
         modules = {p.name: p.module for p in plans}
         pieces = [Piece(name, index, splitting, modules.get(name) or getattr(split_gm, name, None))
                   for name, index, splitting in state["pieces"]]
