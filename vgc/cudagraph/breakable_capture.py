@@ -28,7 +28,6 @@ from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from vgc import _compat, cuda_runtime  # module attribute access: tests substitute begin_segment()/end_segment()
 from vgc.config import CompilationConfig
@@ -45,10 +44,6 @@ DEFAULT_BREAKS = ("vgc::attention", "vgc::varlen_attention", "aten::scaled_dot_p
 _VGC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
-# Tensor methods that read values on the host without an operator a dispatch mode sees on every device.
-_HOST_READ_METHODS = {torch.Tensor.tolist: "Tensor.tolist()", torch.Tensor.numpy: "Tensor.numpy()",
-                      torch.Tensor.__repr__: "printing a tensor", torch.Tensor.__format__: "formatting a tensor"}
-_COPIES = ("aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize")
 
 
 class BreakableCaptureError(RuntimeError):
@@ -103,8 +98,16 @@ class Breaks:
                                  "put it in a module and list the module (it then runs eagerly at each replay)")
         return cls(frozenset(names), tuple(functions), tuple(types), tuple(modules))
 
+    _seen: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)   # func -> matches
+
     def matches(self, func) -> bool:
-        return any(func is f for f in self.functions) or any(n in self.op_names for n in _function_names(func))
+        try:
+            return self._seen[func]
+        except (KeyError, TypeError):   # TypeError: an unhashable callable, asked each time
+            found = any(func is f for f in self.functions) or any(n in self.op_names for n in _function_names(func))
+            with contextlib.suppress(TypeError):
+                self._seen[func] = found
+            return found
 
     def modules_in(self, model) -> list[torch.nn.Module]:
         if not isinstance(model, torch.nn.Module):
@@ -115,9 +118,14 @@ class Breaks:
 
 # ---- one capture ------------------------------------------------------------------------------------------------
 
-def _user_frame() -> str:
-    """Where in the user's code (not torch's, not vgc's, not a torch mode's handler) the current call comes from."""
-    for frame in reversed(traceback.extract_stack()):
+_CAPTURE_REFUSED = "operation not permitted when stream is capturing"
+
+
+def _user_frame(error: BaseException | None = None) -> str:
+    """Where in the user's code (not torch's, not vgc's, not a torch mode's handler) the current call, or the one
+    that raised `error`, comes from."""
+    stack = traceback.extract_tb(error.__traceback__) if error is not None else traceback.extract_stack()
+    for frame in reversed(stack):
         path = os.path.abspath(frame.filename)
         if not path.startswith((_VGC_DIR, _TORCH_DIR)) and frame.name not in ("__torch_dispatch__",
                                                                               "__torch_function__"):
@@ -148,18 +156,16 @@ class _Capture:
         self.ops_in_segment = 0
         self.in_break = False
         self.source: dict[int, tuple] = {}   # id(tensor) -> ("input", name) | ("break", step, leaf)
-        self.storage_of: dict[int, tuple] = {}   # storage address -> the same, for views made inside segments
         self.held: list = []                  # every tensor given a source stays alive, so its id stays unique
         self.inputs_read: set[str] = set()   # dynamic inputs some segment reads (their extents are baked in)
         self.graph_storages: set[int] = set()   # storage addresses of tensors made inside segments
+        self.watch_storage = False               # needed by module breaks only (their arguments' copies)
         for name, tensor in inputs.items():
             self._note(tensor, ("input", name))
 
     def _note(self, tensor: torch.Tensor, source: tuple) -> None:
         self.source[id(tensor)] = source
         self.held.append(tensor)
-        if tensor.device.type != "meta":
-            self.storage_of.setdefault(tensor.untyped_storage().data_ptr(), source)
 
     def begin(self) -> None:
         self.graph = cuda_runtime.begin_segment(self.pool)
@@ -184,6 +190,7 @@ class _Capture:
         call may hold on to its tensor arguments (a module's state): those in graph memory, which the next replay
         overwrites, are handed over as copies, now and at every replay."""
         self.end()
+        self.in_break = True   # what follows is the break's, not the segment's (a module break runs under the mode)
         leaves, spec = _compat.tree_flatten((args, kwargs))
         sources = [self.source.get(id(leaf), ("const", leaf)) if isinstance(leaf, torch.Tensor)
                    else ("const", leaf) for leaf in leaves]
@@ -193,55 +200,56 @@ class _Capture:
         if any(copied):
             args, kwargs = _compat.tree_unflatten([leaf.clone() if copy else leaf
                                                    for leaf, copy in zip(leaves, copied)], spec)
-        self.in_break = True
         try:
             result = call(*args, **kwargs)
+            outputs, result_spec = _compat.tree_flatten(result)
+            index = len(self.steps)
+            self.steps.append(_Break(call, name, spec, sources, outputs, result_spec, copied))
+            for j, leaf in enumerate(outputs):
+                if isinstance(leaf, torch.Tensor) and id(leaf) not in self.source:
+                    self._note(leaf, ("break", index, j))
         finally:
             self.in_break = False
-        outputs, result_spec = _compat.tree_flatten(result)
-        index = len(self.steps)
-        self.steps.append(_Break(call, name, spec, sources, outputs, result_spec, copied))
-        for j, leaf in enumerate(outputs):
-            if isinstance(leaf, torch.Tensor) and id(leaf) not in self.source:
-                self._note(leaf, ("break", index, j))
         self.begin()
         return result
 
-    def refuse(self, what: str) -> None:
+    def refuse(self, what: str, where: str | None = None) -> None:
         raise BreakableCaptureError(
-            f"vgc breakable capture: {what} inside a captured segment, at {_user_frame()}. A replay runs no Python "
-            "of the forward, so the value read would be frozen at capture. Add the function or module that reads it "
-            "to breaks= (an operator name, a torch function, or an nn.Module class or instance: it then runs "
-            "eagerly at every replay), or take the read out of the forward")
+            f"vgc breakable capture: {what} inside a captured segment, at {where or _user_frame()}. A replay runs no "
+            "Python of the forward, so the value read would be frozen at capture. Add the function or module that "
+            "reads it to breaks= (an operator name, a torch function, or an nn.Module class or instance: it then "
+            "runs eagerly at every replay), or take the read out of the forward")
 
-    def saw_op(self, func, args: tuple, kwargs: dict) -> None:
-        name = func._schema.name if hasattr(func, "_schema") else str(func)
-        if name == "aten::_local_scalar_dense":
-            self.refuse("a tensor's value is read on the host (.item(), bool(), int() or float() of a tensor)")
-        if torch.Tag.dynamic_output_shape in getattr(func, "tags", ()) and not _integer_indexing(name, args):
-            self.refuse(f"{name} makes an output whose shape depends on data (a host sync)")
-        leaves = _tensors_in(args, kwargs)
-        if name in _COPIES:
-            devices = {x.device.type for x in leaves} | {str(kwargs.get("device", "")).split(":")[0]} - {""}
-            if "cpu" in devices and len(devices) > 1:
-                self.refuse(f"{name} copies between the host and the device")
-        if not getattr(func, "is_view", False):   # a view launches no kernel
-            self.ops_in_segment += 1
-        for leaf in leaves:
-            source = self.source.get(id(leaf))
-            if source is None and leaf.device.type != "meta":
-                source = self.storage_of.get(leaf.untyped_storage().data_ptr())
-            if source is None:
-                continue
+    def saw(self, func, args: tuple, kwargs: dict):
+        """A torch call inside a segment: refuse a host read, note what it reads, run it, note what it made."""
+        what = _HOST_READS.get(func)
+        if what is not None or (func in _MASK_INDEXING and _has_mask(args)):
+            self.refuse(what or "indexing with a boolean mask makes a shape that depends on data (a host sync)")
+        sources = [s for s in map(self.source.get, map(id, _tensors_in(args, kwargs))) if s is not None]
+        out = func(*args, **kwargs)
+        made = _tensors_in((out,), {})
+        if not made:   # metadata (a shape, a dtype, a storage): no value is read (host reads are refused above)
+            return out
+        self.ops_in_segment += 1
+        for source in sources:
             if source[0] == "input":
                 self.inputs_read.add(source[1])
             else:
                 self.steps[source[1]].copy_back.add(source[2])
+        if isinstance(out, torch.Tensor):
+            sourced = sources[-1] if sources else None
+            if sourced is not None and out._is_view():   # a view of an input or a break's result reads it too
+                self._note(out, sourced)
+            if func in _TO_HOST and out.device.type == "cpu" and args[0].device.type != "cpu":
+                self.refuse("a copy of a device tensor to the host (its values read later would be frozen)")
+        if self.watch_storage:
+            self.graph_storages.update(x.untyped_storage().data_ptr() for x in made)
+        return out
 
 
 def _tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensors among an operator's arguments: tensors, and lists of them (`Tensor[]`), one level deep (an
-    operator's schema nests no deeper; a pytree walk per operator made capture a third slower)."""
+    """The tensors among a call's arguments: tensors, and lists or tuples of them (an operator's `Tensor[]`, an
+    index tuple), one level deep (a pytree walk per call made capture a third slower)."""
     found = []
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
@@ -251,17 +259,37 @@ def _tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return found
 
 
-def _integer_indexing(name: str, args: tuple) -> bool:
-    """aten::index (and index_put) is tagged data-dependent for boolean masks; integer indices give a shape known
-    from the indices' shapes."""
-    if name not in ("aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"):
-        return False
-    indices = args[1] if len(args) > 1 else ()
-    return all(i is None or (isinstance(i, torch.Tensor) and i.dtype not in (torch.bool, torch.uint8))
-               for i in indices)
+def _has_mask(args: tuple) -> bool:
+    index = args[1] if len(args) > 1 else None
+    return any(x.dtype in (torch.bool, torch.uint8) for x in _tensors_in((index,), {}))
+
+
+_T = torch.Tensor
+_HOST_READ = "reads a tensor's value on the host"
+_DATA_SHAPE = "makes an output whose shape depends on data (a host sync)"
+# What reads values on the host: caught where Python calls it, on every device. On a GPU the driver refuses any
+# other sync inside a capture (an operator's own), which `_capture_entry` reports the same way.
+_HOST_READS = {
+    _T.item: f".item() {_HOST_READ}", _T.tolist: f"Tensor.tolist() {_HOST_READ}",
+    _T.numpy: f"Tensor.numpy() {_HOST_READ}", _T.__bool__: f"bool() of a tensor (an `if` on it) {_HOST_READ}",
+    _T.__int__: f"int() of a tensor {_HOST_READ}", _T.__float__: f"float() of a tensor {_HOST_READ}",
+    _T.__index__: f"using a tensor as an index {_HOST_READ}", _T.__repr__: f"printing a tensor {_HOST_READ}",
+    _T.__format__: f"formatting a tensor {_HOST_READ}", torch.equal: f"torch.equal {_HOST_READ}",
+    _T.equal: f"Tensor.equal {_HOST_READ}", torch.allclose: f"torch.allclose {_HOST_READ}",
+    _T.allclose: f"Tensor.allclose {_HOST_READ}",
+    **{f: f"{name} {_DATA_SHAPE}" for name, f in [
+        ("nonzero", torch.nonzero), ("nonzero", _T.nonzero), ("argwhere", torch.argwhere),
+        ("argwhere", _T.argwhere), ("masked_select", torch.masked_select), ("masked_select", _T.masked_select),
+        ("unique", torch.unique), ("unique", _T.unique), ("unique_consecutive", torch.unique_consecutive),
+        ("unique_consecutive", _T.unique_consecutive), ("bincount", torch.bincount), ("bincount", _T.bincount)]},
+}
+_MASK_INDEXING = {_T.__getitem__, _T.__setitem__}
+_TO_HOST = {_T.to, _T.cpu}
 
 
 class _BreakAtFunctions(TorchFunctionMode):
+    """Ends the segment at each break, and watches every other torch call inside a segment (`_Capture.saw`)."""
+
     def __init__(self, capture: _Capture):
         super().__init__()
         self.capture = capture
@@ -274,26 +302,7 @@ class _BreakAtFunctions(TorchFunctionMode):
         if capture.breaks is not None and capture.breaks.matches(func):
             names = _function_names(func)
             return capture.run_break(func, names[0] if names else repr(func), args, kwargs)
-        what = _HOST_READ_METHODS.get(func)
-        if what is not None:
-            capture.refuse(f"{what} reads a tensor's values on the host")
-        return func(*args, **kwargs)
-
-
-class _WatchOps(TorchDispatchMode):
-    def __init__(self, capture: _Capture):
-        super().__init__()
-        self.capture = capture
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self.capture.in_break:
-            return func(*args, **kwargs)
-        self.capture.saw_op(func, args, kwargs)
-        out = func(*args, **kwargs)
-        self.capture.graph_storages.update(x.untyped_storage().data_ptr() for x in _tensors_in((out,), {})
-                                           if x.device.type != "meta")
-        return out
+        return capture.saw(func, args, kwargs)
 
 
 @contextlib.contextmanager
@@ -393,13 +402,18 @@ def _capture_entry(model: Callable, bound: inspect.BoundArguments, dynamic: dict
     """Capture one call in segments; returns the entry and the call's output (real values)."""
     inputs = {name: bound.arguments[name] for name in dynamic}
     capture = _Capture(pool, breaks, inputs)
-    with cuda_runtime.segment_stream(), _module_breaks(capture, module_breaks), _WatchOps(capture), \
-            _BreakAtFunctions(capture):
+    capture.watch_storage = bool(module_breaks) and breaks is not None
+    with cuda_runtime.segment_stream(), _module_breaks(capture, module_breaks), _BreakAtFunctions(capture):
         capture.begin()
         try:
             out = model(*bound.args, **bound.kwargs)
-        except BaseException:
+        except BreakableCaptureError:
             capture.abort()   # here: the stand-in's recorder is a mode above the ones this block leaves
+            raise
+        except Exception as error:
+            capture.abort()
+            if _CAPTURE_REFUSED in str(error):   # the driver refused a sync the Python calls did not show
+                capture.refuse("an operation that waits for the device (a host sync)", _user_frame(error))
             raise
         capture.end()
     leaves, spec = _compat.tree_flatten(out)
