@@ -24,6 +24,7 @@ import logging
 import os
 import time
 import traceback
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -173,10 +174,14 @@ class _Capture:
 
     def end(self) -> None:
         graph, self.graph = self.graph, None
-        graph = cuda_runtime.end_segment(graph)
-        if self.ops_in_segment:
-            graph.replay()   # capturing only records: the break after it (and the caller) need real values
-            self.steps.append(graph)
+        with warnings.catch_warnings():
+            if not self.ops_in_segment:   # nothing torch launched (views only, or the end of the forward)
+                warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            graph = cuda_runtime.end_segment(graph)
+        # Kept even when no torch call was seen: code that launches kernels itself (a Triton kernel called from
+        # Python) records into the segment all the same.
+        graph.replay()   # capturing only records: the break after it (and the caller) need real values
+        self.steps.append(graph)
 
     def abort(self) -> None:
         if self.graph is not None:
