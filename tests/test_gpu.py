@@ -112,8 +112,16 @@ def test_dropin_piecewise_captures_on_second_use_and_keeps_outputs(tiny_fp32, fr
 
 @pytest.mark.parametrize("name", ["prefill", "decode", "mixed", "padded", "prefill_mqa"])
 def test_attention_op_on_cuda_matches_reference(name):
-    from test_ops import CASES, make_case
+    import importlib.util
+    from pathlib import Path
+
     from vgc.ops import reference_attention
+
+    # the CPU tests' cases, from tests/ops/ (not on sys.path when this file runs alone, as it does on the GPU)
+    spec = importlib.util.spec_from_file_location("ops_cases", Path(__file__).parent / "ops" / "test_ops.py")
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    CASES, make_case = cases.CASES, cases.make_case
 
     case = make_case(**CASES[name])
     ref_out, ref_kc, ref_vc = reference_attention(**case)
