@@ -24,17 +24,28 @@ class RecordedGraph:
         self.fn, self.outputs, self.first, self.capturing = fn, outputs, True, capturing
 
     def replay(self):
-        if self.first:
-            self.first = False
+        if _first_replay(self):
             return
-        self.capturing[0] = True
-        try:
-            with bypass_piece_graphs():
-                outputs = self.fn()
-        finally:
-            self.capturing[0] = False
+        with _as_captured(self.capturing), bypass_piece_graphs():
+            outputs = self.fn()
         for old, new in zip(output_tensors(self.outputs), output_tensors(outputs)):
             old.copy_(new)
+
+
+def _first_replay(graph) -> bool:
+    """A real capture records, then its first replay runs: here capture already ran, so that replay does nothing."""
+    first, graph.first = graph.first, False
+    return first
+
+
+@contextlib.contextmanager
+def _as_captured(capturing: list):
+    """A replay runs as the capture ran: with the stream reported capturing."""
+    capturing[0] = True
+    try:
+        yield
+    finally:
+        capturing[0] = False
 
 
 class _SegmentRecorder(TorchDispatchMode):
@@ -60,18 +71,14 @@ class RecordedSegment:
         self.ops, self.first, self.capturing = recorder.ops, True, capturing
 
     def replay(self):
-        if self.first:
-            self.first = False
+        if _first_replay(self):
             return
-        self.capturing[0] = True
-        try:
+        with _as_captured(self.capturing):
             for func, args, kwargs, out in self.ops:
                 fresh = func(*args, **kwargs)
                 for old, new in zip(_compat.tree_leaves(out), _compat.tree_leaves(fresh)):
                     if isinstance(old, torch.Tensor) and old is not new:
                         old.copy_(new)
-        finally:
-            self.capturing[0] = False
 
 
 def install_simulated_capture(setattr=setattr) -> None:

@@ -7,8 +7,6 @@ import pstats
 import sys
 import time
 
-import torch
-
 from vgc.bench.timing import breakable_llama, llama_on_cuda
 
 out = sys.argv[1]
