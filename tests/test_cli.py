@@ -139,7 +139,8 @@ def test_ls_cuts_a_long_list_of_differences(tmp_path, capsys):
 @pytest.fixture
 def fake_environment(monkeypatch):
     """This machine's environment as FAKE_ENV: the real one probes the CPU's vector ISA (seconds, once)."""
-    monkeypatch.setattr(cache_cli, "environment_factors", lambda device: {**FAKE_ENV, "device_type": device})
+    monkeypatch.setattr(cache_cli, "environment_factors",
+                        lambda device, compiles=True: {**FAKE_ENV, "device_type": device})
 
 
 def test_why_miss_against_an_entrys_stored_config(tmp_path, capsys, fake_environment):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vgc
+from vgc.cache import bundle, keys
 from vgc.models import llama
 from conftest import FP32_TOL, SiblingBlock
 
@@ -39,6 +40,11 @@ def test_vgc_compile_cold_then_warm_never_calls_inductor(tmp_path):
         assert report["max_diff"] <= 1e-5 and not report["warnings"], report["warnings"]
     assert cold["counters"]["dynamo_traces"] == 1 and cold["counters"]["traces_saved"] == 1
     assert warm["counters"]["dynamo_traces"] == 0 and warm["counters"]["traces_loaded"] == 1
+    # a bundle of the eager entry installs on this machine (its key holds no CPU vector ISA, and the check of the
+    # environment knows not to ask for one)
+    bundle.pack(str(tmp_path), str(tmp_path / "eager.vgcb"))
+    bundle.unpack(str(tmp_path / "eager.vgcb"), str(tmp_path / "elsewhere"))
+    assert "cpu_vec_isa" not in keys.environment_factors("cpu", compiles=False)
     # another cache entry than Inductor's pieces: the backend is in the key
     entries = sorted(p.name for p in (tmp_path / "torch_compile_cache").iterdir())
     inductor = run_worker(tmp_path, {})
