@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import inspect
 import logging
 import os
+import sys
 import time
 import traceback
 import warnings
@@ -40,11 +42,14 @@ from vgc.ops.attention import lengths_read_once
 
 logger = logging.getLogger("vgc")
 
-DEFAULT_BREAKS = ("vgc::attention", "vgc::varlen_attention", "aten::scaled_dot_product_attention")
+DEFAULT_BREAKS = ("vgc::attention", "vgc::varlen_attention", "vgc::causal_attention",
+                  "aten::scaled_dot_product_attention")
 
 _VGC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-
+# Values compared per call, never handed over (a segment may have used them too): numbers, strings, dtypes...
+_PRIMITIVES = (int, float, complex, bool, str, bytes, type(None), enum.Enum, torch.dtype, torch.device, torch.layout,
+               torch.memory_format)
 
 
 class BreakableCaptureError(RuntimeError):
@@ -65,13 +70,29 @@ def _function_names(func) -> tuple[str, ...]:
     return ()
 
 
+def _method_of(func) -> tuple[type, str] | None:
+    """The class and attribute name of a function defined on a class (`DynamicCache.update` -> (Cache, "update"),
+    found through its qualified name; a bound method counts as its function); None for a plain or nested function."""
+    func = getattr(func, "__func__", func)
+    qualname = getattr(func, "__qualname__", "")
+    if not inspect.isfunction(func) or "<" in qualname or "." not in qualname:
+        return None
+    owner = sys.modules.get(func.__module__)
+    *path, name = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part, None)
+    return (owner, name) if isinstance(owner, type) and owner.__dict__.get(name) is func else None
+
+
 @dataclasses.dataclass
 class Breaks:
-    """Where a capture is ended: operators by name, torch functions, module classes and module instances."""
+    """Where a capture is ended: operators by name, torch functions, module classes and module instances, and
+    methods of other classes (a cache's `update`)."""
     op_names: frozenset[str]
     functions: tuple
     module_types: tuple[type, ...]
     modules: tuple[torch.nn.Module, ...]
+    methods: tuple[tuple[type, str], ...] = ()
 
     @classmethod
     def of(cls, breaks) -> "Breaks":
@@ -79,8 +100,8 @@ class Breaks:
             breaks = DEFAULT_BREAKS
         if isinstance(breaks, (str, type, torch.nn.Module)) or not isinstance(breaks, (list, tuple, set)):
             raise ValueError(f"breaks must be a list (of operator names, torch functions, nn.Module classes or "
-                             f"instances), got {type(breaks).__name__} {breaks!r}")
-        names, functions, types, modules = set(), [], [], []
+                             f"instances, methods), got {type(breaks).__name__} {breaks!r}")
+        names, functions, types, modules, methods = set(), [], [], [], []
         for entry in breaks:
             if isinstance(entry, str):
                 if "::" not in entry or entry.startswith("::") or entry.endswith("::"):
@@ -93,11 +114,14 @@ class Breaks:
                 modules.append(entry)
             elif _function_names(entry):
                 functions.append(entry)
+            elif _method_of(entry) is not None:
+                methods.append(_method_of(entry))
             else:
-                raise ValueError(f"breaks: {entry!r} is not an operator name, a torch function or operator, or an "
-                                 "nn.Module class or instance. A Python function cannot be seen by the capture: "
-                                 "put it in a module and list the module (it then runs eagerly at each replay)")
-        return cls(frozenset(names), tuple(functions), tuple(types), tuple(modules))
+                raise ValueError(f"breaks: {entry!r} is not an operator name, a torch function or operator, an "
+                                 "nn.Module class or instance, or a method of a class. A plain Python function "
+                                 "cannot be seen by the capture: put it in a module and list the module (it then "
+                                 "runs eagerly at each replay)")
+        return cls(frozenset(names), tuple(functions), tuple(types), tuple(modules), tuple(dict.fromkeys(methods)))
 
     _seen: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)   # func -> matches
 
@@ -147,9 +171,14 @@ class _Break:
 
 
 class _Capture:
-    """The state of one size's capture: the steps recorded so far and where every tensor came from."""
+    """The state of one size's capture: the steps recorded so far and where every tensor came from.
 
-    def __init__(self, pool, breaks: Breaks | None, inputs: dict[str, torch.Tensor]):
+    Sources: ("input", name) for a dynamic input; ("arg", name, leaf) for a leaf (a tensor or an object) of another
+    argument; ("break", step, leaf) for a break's result. An argument a break receives and no segment reads is
+    handed over per call at replay (a cache object, a padding mask of any length); the rest are baked in and
+    checked per call (`_Entry.mismatch`)."""
+
+    def __init__(self, pool, breaks: Breaks | None, inputs: dict[str, torch.Tensor], others: dict[str, Any]):
         self.pool = pool
         self.breaks = breaks              # None: a whole graph (no breaks)
         self.steps: list = []             # graphs and _Break, in replay order
@@ -158,11 +187,24 @@ class _Capture:
         self.in_break = False
         self.source: dict[int, tuple] = {}   # id(tensor) -> ("input", name) | ("break", step, leaf)
         self.held: list = []                  # every tensor given a source stays alive, so its id stays unique
+        self.viewed: dict[int, tuple] = {}    # id(view) -> the source it views: reading the view reads that source
         self.inputs_read: set[str] = set()   # dynamic inputs some segment reads (their extents are baked in)
         self.graph_storages: set[int] = set()   # storage addresses of tensors made inside segments
-        self.watch_storage = False               # needed by module breaks only (their arguments' copies)
+        self.watch_storage = False               # needed by module and method breaks only (their arguments' copies)
+        self.args_read: set[tuple[str, int]] = set()       # argument leaves some segment reads
+        self.args_to_breaks: set[tuple[str, int]] = set()  # argument leaves some break receives
+        self.held_by: dict[int, str] = {}       # id(tensor) -> the argument object that holds it (a cache's keys)
+        self.held_read: set[str] = set()        # argument objects a segment read a held tensor of
         for name, tensor in inputs.items():
             self._note(tensor, ("input", name))
+        for name, value in others.items():
+            for i, leaf in enumerate(_compat.tree_leaves(value)):
+                if not isinstance(leaf, _PRIMITIVES):
+                    self._note(leaf, ("arg", name, i))
+                if not isinstance(leaf, (torch.Tensor, torch.nn.Module, *_PRIMITIVES)):
+                    for tensor in _tensors_held_by(leaf):
+                        self.held_by[id(tensor)] = name
+                        self.held.append(tensor)
 
     def _note(self, tensor: torch.Tensor, source: tuple) -> None:
         self.source[id(tensor)] = source
@@ -190,24 +232,34 @@ class _Capture:
                 cuda_runtime.end_segment(graph)
 
     # ---- seen from the modes ----
-    def run_break(self, call: Callable, name: str, args: tuple, kwargs: dict, keeps_inputs: bool = False):
+    def run_break(self, call: Callable, name: str, args: tuple, kwargs: dict, keeps_inputs: bool = False,
+                  must_copy: bool = False):
         """End the segment, run `call` eagerly, record it as a replay step, resume capture. `keeps_inputs`: the
         call may hold on to its tensor arguments (a module's state): those in graph memory, which the next replay
-        overwrites, are handed over as copies, now and at every replay."""
+        overwrites, are handed over as copies, now and at every replay. `must_copy`: the call is trusted to copy
+        what it keeps (a cache's update), and refused if it keeps a graph-memory argument itself."""
         self.end()
         self.in_break = True   # what follows is the break's, not the segment's (a module break runs under the mode)
         leaves, spec = _compat.tree_flatten((args, kwargs))
-        sources = [self.source.get(id(leaf), ("const", leaf)) if isinstance(leaf, torch.Tensor)
-                   else ("const", leaf) for leaf in leaves]
-        copied = [keeps_inputs and isinstance(leaf, torch.Tensor) and (
-            source[0] == "input" or leaf.untyped_storage().data_ptr() in self.graph_storages)
-            for leaf, source in zip(leaves, sources)]
+        sources = [("const", leaf) if isinstance(leaf, _PRIMITIVES) else self.source.get(id(leaf), ("const", leaf))
+                   for leaf in leaves]
+        self.args_to_breaks.update(source[1:] for source in sources if source[0] == "arg")
+        replaced = [(keeps_inputs or must_copy) and isinstance(leaf, torch.Tensor) and (
+            "input" in (source[0], self.viewed.get(id(leaf), ("",))[0])
+            or leaf.untyped_storage().data_ptr() in self.graph_storages) for leaf, source in zip(leaves, sources)]
+        copied = replaced if keeps_inputs else [False] * len(leaves)
         if any(copied):
             args, kwargs = _compat.tree_unflatten([leaf.clone() if copy else leaf
                                                    for leaf, copy in zip(leaves, copied)], spec)
+        watched = {leaf.untyped_storage().data_ptr() for leaf, watch in zip(leaves, replaced) if watch and must_copy}
         try:
             result = call(*args, **kwargs)
             outputs, result_spec = _compat.tree_flatten(result)
+            if watched and args and any(t.untyped_storage().data_ptr() in watched for t in _tensors_held_by(args[0])):
+                raise BreakableCaptureError(
+                    f"vgc breakable capture: {name} keeps a tensor argument that lives in graph memory (the next "
+                    "replay overwrites it). A method break must copy what it keeps (as a cache's update does); or "
+                    "list the nn.Module that calls it instead (module breaks are handed copies)")
             index = len(self.steps)
             self.steps.append(_Break(call, name, spec, sources, outputs, result_spec, copied))
             for j, leaf in enumerate(outputs):
@@ -230,7 +282,8 @@ class _Capture:
         what = _HOST_READS.get(func)
         if what is not None or (func in _MASK_INDEXING and _has_mask(args)):
             self.refuse(what or "indexing with a boolean mask makes a shape that depends on data (a host sync)")
-        sources = [s for s in map(self.source.get, map(id, _tensors_in(args, kwargs))) if s is not None]
+        read = _tensors_in(args, kwargs)
+        sources = [s for s in (self.source.get(id(x)) or self.viewed.get(id(x)) for x in read) if s is not None]
         out = func(*args, **kwargs)
         made = _tensors_in((out,), {})
         if not made:   # metadata (a shape, a dtype, a storage): no value is read (host reads are refused above)
@@ -239,17 +292,46 @@ class _Capture:
         for source in sources:
             if source[0] == "input":
                 self.inputs_read.add(source[1])
+            elif source[0] == "arg":
+                self.args_read.add(source[1:])
             else:
                 self.steps[source[1]].copy_back.add(source[2])
+        if self.held_by:
+            self.held_read.update(self.held_by[id(x)] for x in read if id(x) in self.held_by)
         if isinstance(out, torch.Tensor):
             sourced = sources[-1] if sources else None
-            if sourced is not None and out._is_view():   # a view of an input or a break's result reads it too
-                self._note(out, sourced)
+            if sourced is not None and out._is_view():
+                # Reading the view reads its base; a break given the view gets the captured view (whose base is
+                # baked in or refreshed by copy-back), not the base
+                self.viewed[id(out)] = sourced
+                self.held.append(out)
             if func in _TO_HOST and out.device.type == "cpu" and args[0].device.type != "cpu":
                 self.refuse("a copy of a device tensor to the host (its values read later would be frozen)")
         if self.watch_storage:
             self.graph_storages.update(x.untyped_storage().data_ptr() for x in made)
         return out
+
+
+def _tensors_held_by(obj, depth: int = 4) -> list[torch.Tensor]:
+    """The tensors an argument object holds in its attributes, lists and dicts, a few levels down (a cache's
+    layers' keys and values)."""
+    found, todo, seen = [], [(obj, 0)], set()
+    while todo:
+        value, level = todo.pop()
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+            continue
+        if level >= depth or id(value) in seen or isinstance(value, (torch.nn.Module, type, *_PRIMITIVES)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, (list, tuple, set)):
+            children = value
+        else:
+            children = getattr(value, "__dict__", {}).values()
+        todo.extend((child, level + 1) for child in children)
+    return found
 
 
 def _tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -335,36 +417,64 @@ def _module_breaks(capture: _Capture, modules: list[torch.nn.Module]):
                 del module.forward
 
 
+@contextlib.contextmanager
+def _method_breaks(capture: _Capture, methods: tuple[tuple[type, str], ...]):
+    """Each method, on its class for the capture's duration, ends the segment and runs eagerly (as a break); its
+    object is handed over per call when it is one of the call's arguments (a cache)."""
+    patched = []
+    for owner, name in methods:
+        function = owner.__dict__[name]
+
+        def call(*args, _function=function, _name=f"{owner.__qualname__}.{name}", **kwargs):
+            if capture.in_break or capture.breaks is None:
+                return _function(*args, **kwargs)
+            return capture.run_break(_function, _name, args, kwargs, must_copy=True)
+
+        setattr(owner, name, call)
+        patched.append((owner, name, function))
+    try:
+        yield
+    finally:
+        for owner, name, function in patched:
+            setattr(owner, name, function)
+
+
 # ---- a captured size --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class _Entry:
     steps: list
     output_spec: Any
-    output_sources: list          # per output leaf: ("input", name) | ("break", step, leaf) | ("static", tensor)
+    output_sources: list          # per output leaf: a source (see _Capture) or ("static", value)
     input_shapes: dict[str, torch.Size]      # dynamic inputs a segment reads: their captured extents
-    pinned: list[tuple[str, int, int]]       # (argument, leaf, address) of other tensor arguments
-    constants: list[tuple[str, int, Any]]    # (argument, leaf, value) of non-tensor arguments
+    specs: dict[str, Any]                    # the structure of every other argument (its leaves are numbered)
+    pinned: list[tuple[str, int, int]]       # (argument, leaf, address) of tensors baked in
+    constants: list[tuple[str, int, Any]]    # (argument, leaf, value) of values and objects baked in
     segments: int
     breaks: int
 
-    def mismatch(self, arguments: dict, padded: dict) -> str | None:
-        """Why this call cannot replay the entry (a baked-in extent, address or value differs), or None."""
+    def leaves_of(self, arguments: dict) -> dict[str, tuple[list, Any]]:
+        return {name: _compat.tree_flatten(arguments[name]) for name in self.specs}
+
+    def mismatch(self, leaves: dict, padded: dict) -> str | None:
+        """Why this call (its arguments' `leaves_of`) cannot replay the entry (a baked-in extent, address, value
+        or structure differs), or None."""
         for name, shape in self.input_shapes.items():
             if padded[name].shape != shape:
                 return f"{name} has shape {tuple(padded[name].shape)}, captured as {tuple(shape)}"
+        for name, spec in self.specs.items():
+            if leaves[name][1] != spec:
+                return f"{name} is structured as {leaves[name][1]}, captured as {spec}"
         for name, leaf, address in self.pinned:
-            tensor = _compat.tree_leaves(arguments[name])[leaf]
-            if tensor.data_ptr() != address:
+            if leaves[name][0][leaf].data_ptr() != address:
                 return f"a tensor of {name} is not at the address it was captured with"
         for name, leaf, value in self.constants:
-            now = _compat.tree_leaves(arguments[name])[leaf]
-            same = now == value if isinstance(value, (int, float, bool, str, type(None))) else now is value
-            if not same:
+            now = leaves[name][0][leaf]
+            if not (now == value if isinstance(value, _PRIMITIVES) else now is value):
                 return f"{name} is {now!r}, captured as {value!r}"
         return None
 
-    def replay(self, padded: dict):
+    def replay(self, padded: dict, arguments: dict):
         fresh: dict[tuple[int, int], Any] = {}
 
         def resolve(source):
@@ -373,6 +483,8 @@ class _Entry:
                 return padded[source[1]]
             if kind == "break":
                 return fresh[(source[1], source[2])]
+            if kind == "arg":   # handed over per call (a break's cache object or mask)
+                return arguments[source[1]][0][source[2]]
             return source[1]
 
         for index, step in enumerate(self.steps):
@@ -401,14 +513,23 @@ class _Entry:
         return _compat.tree_unflatten([resolve(s) if s[0] != "static" else s[1] for s in self.output_sources],
                                       self.output_spec)
 
+    def hands_over(self) -> list[str]:
+        """The arguments handed to breaks per call, not baked in (for the log)."""
+        baked = {(name, leaf) for name, leaf, _ in (*self.pinned, *self.constants)}
+        return sorted({name for name, spec in self.specs.items() for leaf in range(spec.num_leaves)
+                       if (name, leaf) not in baked})
+
 
 def _capture_entry(model: Callable, bound: inspect.BoundArguments, dynamic: dict[str, int], pool,
                    breaks: Breaks | None, module_breaks: list) -> tuple[_Entry, Any]:
     """Capture one call in segments; returns the entry and the call's output (real values)."""
     inputs = {name: bound.arguments[name] for name in dynamic}
-    capture = _Capture(pool, breaks, inputs)
-    capture.watch_storage = bool(module_breaks) and breaks is not None
-    with cuda_runtime.segment_stream(), _module_breaks(capture, module_breaks), _BreakAtFunctions(capture):
+    others = {name: value for name, value in bound.arguments.items() if name not in dynamic}
+    capture = _Capture(pool, breaks, inputs, others)
+    methods = breaks.methods if breaks is not None else ()
+    capture.watch_storage = bool(module_breaks or methods) and breaks is not None
+    with cuda_runtime.segment_stream(), _module_breaks(capture, module_breaks), _method_breaks(capture, methods), \
+            _BreakAtFunctions(capture):
         capture.begin()
         try:
             out = model(*bound.args, **bound.kwargs)
@@ -422,19 +543,26 @@ def _capture_entry(model: Callable, bound: inspect.BoundArguments, dynamic: dict
             raise
         capture.end()
     leaves, spec = _compat.tree_flatten(out)
-    output_sources = [capture.source.get(id(x), ("static", x)) if isinstance(x, torch.Tensor) else ("static", x)
+    output_sources = [("static", x) if isinstance(x, _PRIMITIVES) else capture.source.get(id(x), ("static", x))
                       for x in leaves]
-    pinned, constants = [], []
-    for name, value in bound.arguments.items():
-        if name in dynamic:
-            continue
-        for i, leaf in enumerate(_compat.tree_leaves(value)):
+    specs, pinned, constants = {}, [], []
+    for name, value in others.items():
+        values, specs[name] = _compat.tree_flatten(value)
+        for i, leaf in enumerate(values):
+            if (name, i) in capture.args_to_breaks and (name, i) not in capture.args_read:
+                if name in capture.held_read and not isinstance(leaf, torch.Tensor):
+                    raise BreakableCaptureError(
+                        f"vgc breakable capture: a captured segment reads a tensor that argument {name!r} "
+                        f"({type(leaf).__name__}) holds, and a break receives that object and may replace it (a "
+                        "cache's update). The segment would read the captured tensor at every replay. Add the code "
+                        "that reads it to breaks=")
+                continue   # handed over per call
             if isinstance(leaf, torch.Tensor):
                 pinned.append((name, i, leaf.data_ptr()))
             else:
                 constants.append((name, i, leaf))
     entry = _Entry(capture.steps, spec, output_sources,
-                   {name: inputs[name].shape for name in capture.inputs_read}, pinned, constants,
+                   {name: inputs[name].shape for name in capture.inputs_read}, specs, pinned, constants,
                    segments=sum(not isinstance(s, _Break) for s in capture.steps),
                    breaks=sum(isinstance(s, _Break) for s in capture.steps))
     return entry, out
@@ -500,10 +628,10 @@ class BreakableGraphs:
         module_breaks = self.breaks.modules_in(self.model)
         with torch.no_grad(), frozen_gc():
             for size in reversed(self.capture_sizes):
-                self._capture_size(size, make_inputs, self.graphs, self.breaks, module_breaks)
+                self._capture_size(size, self._made(size, make_inputs), self.graphs, self.breaks, module_breaks)
             if make_decode_inputs is not None:
                 for size in reversed(self.capture_sizes):
-                    self._capture_size(size, make_decode_inputs, self.whole, None, [])
+                    self._capture_size(size, self._made(size, make_decode_inputs), self.whole, None, [])
         self.seconds["capture"] = time.perf_counter() - start
         logger.info("breakable CUDA graphs: %d sizes (%d segments, %d breaks at the largest), %d whole graphs in "
                     "%.2f s; %s", len(self.graphs), *self._largest_counts(), len(self.whole),
@@ -523,18 +651,41 @@ class BreakableGraphs:
             raise TypeError(f"vgc breakable: the call does not fit the forward's signature {self._signature}: {e}") \
                 from None
 
-    def _capture_size(self, size: int, make_inputs, into: dict, breaks: Breaks | None, module_breaks) -> None:
+    def _made(self, size: int, make_inputs) -> inspect.BoundArguments:
         made = make_inputs(size)
         bound = self._bind(*((made, {}) if isinstance(made, tuple) else ((), made)))
         got = self.batch_size(bound.arguments)
         if got != size:
             raise ValueError(f"the inputs made for capture size {size} have size {got} ({self.size_arg} dim "
                              f"{self.dynamic[self.size_arg]}); make_inputs(n) must make calls of size n")
+        return bound
+
+    def capture(self, *args, **kwargs):
+        """Capture this call's size from the call itself and return its output: for callers whose first call of
+        each size is made before serving with the arguments real calls will have (a warm-up `generate()`, whose
+        steps carry keyword arguments no example would think of). A size in `capture_sizes` only. The call runs
+        once, captured (no warm-up run before it: the call may change state, as a cache's update does), so the
+        model must have run eagerly on this device before (a prefill has)."""
+        bound = self._bind(args, kwargs)
+        size = self.batch_size(bound.arguments)
+        if size not in self.capture_sizes:
+            raise ValueError(f"capture(): a call of size {size}; the capture sizes are {self.capture_sizes}")
+        start = time.perf_counter()
+        with torch.no_grad(), frozen_gc():
+            out = self._capture_size(size, bound, self.graphs, self.breaks, self.breaks.modules_in(self.model),
+                                     warm=False)
+        self.seconds["capture"] = self.seconds.get("capture", 0.0) + time.perf_counter() - start
+        return out if out is not None else self._eager(self._bind(args, kwargs), None)
+
+    def _capture_size(self, size: int, bound: inspect.BoundArguments, into: dict, breaks: Breaks | None,
+                      module_breaks, warm: bool = True):
+        """Capture the call `bound` (of `size`) into `into`; its output, or None when it could not be captured
+        (logged; those calls run eagerly)."""
         for name, dim in self.dynamic.items():
             self.static.reserve(name, bound.arguments[name], dim, size)
         bound.arguments.update(self.static.pad_all(bound.arguments, self.dynamic, 0))
         call = lengths_read_once(self.model)
-        if breaks is None or self._pool is None:
+        if warm and (breaks is None or self._pool is None):
             # warm first: lazy initialisation, kernels compiled on first use, allocator blocks. Once done at the
             # first size, breakable captures need no more (their kernels at a new size are torch's own, and the
             # attention between segments runs outside any capture); whole graphs hold attention's kernels, which
@@ -553,17 +704,18 @@ class BreakableGraphs:
             raise
         except torch.OutOfMemoryError as error:
             self.memory.out_of_memory(key, str(error).splitlines()[0])
-            return
+            return None
         except Exception as error:   # noqa: BLE001 - a size that cannot be captured runs without graphs
             logger.warning("breakable capture at size %s failed (%s: %s); those calls run eagerly", key,
                            type(error).__name__, (str(error).strip().splitlines() or [""])[0])
-            return
+            return None
         cuda_runtime.synchronize(device)
         self.memory.peak_bytes = max(self.memory.peak_bytes, cuda_runtime.peak_reserved_bytes(device))
         self.memory.captured(key, size, cuda_runtime.reserved_bytes(device) - before)
         into[size] = entry
         self.counters.add(cudagraph_captures=entry.segments)
         self._learn_output_dims(size, out)
+        return out
 
     def _learn_output_dims(self, size: int, out) -> None:
         """Which output dims follow the call's size: those that differ between two sizes by their difference."""
@@ -594,10 +746,11 @@ class BreakableGraphs:
                                         for name, dim in self.dynamic.items()):
                 return self._eager(bound, None)
             inputs = self.static.pad_all(arguments, self.dynamic, padded - size)
-            why = entry.mismatch(arguments, inputs)
+            leaves = entry.leaves_of(arguments)
+            why = entry.mismatch(leaves, inputs)
             if why is not None:
                 return self._eager(bound, why)
-            out = _replay_once(entry, inputs)
+            out = _replay_once(entry, inputs, leaves)
             self.counters.add(cudagraph_replays=1)
         dims = iter(self._output_dims) if self._output_dims is not None else None
         return out if padded == size else slice_outputs(out, size, dims)
@@ -615,6 +768,7 @@ class BreakableGraphs:
             "whole_graph_sizes": sorted(self.whole),
             "segments": {size: e.segments for size, e in sorted(self.graphs.items())},
             "breaks": {size: e.breaks for size, e in sorted(self.graphs.items())},
+            "handed_over": self.graphs[max(self.graphs)].hands_over() if self.graphs else [],
             "seconds": dict(self.seconds),
             "graph_memory": self.memory.report(),
             "model_counters": self.counters.as_dict(),
@@ -622,9 +776,9 @@ class BreakableGraphs:
 
 
 @lengths_read_once
-def _replay_once(entry: _Entry, inputs: dict):
+def _replay_once(entry: _Entry, inputs: dict, leaves: dict):
     """A replay, its attention calls sharing one host read of the lengths (a prefill syncs once, not per layer)."""
-    return entry.replay(inputs)
+    return entry.replay(inputs, leaves)
 
 
 def breakable(model: Callable, *, dynamic_arg_dims: dict[str, int], capture_sizes: list[int] | None = None,

@@ -41,6 +41,7 @@ from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size
+from vgc.integrations.breakable_generate import breakable, set_attention
 from vgc.integrations.vision_towers import encoder_manager, vision_adapter
 
 try:
@@ -50,7 +51,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("vgc.integrations.transformers needs transformers: pip install 'vgc[transformers]'") from error
 
-__all__ = ["ATTENTION", "GenerationEngine", "VgcCache", "compile", "encoder_manager", "vision_adapter"]
+__all__ = ["ATTENTION", "GenerationEngine", "VgcCache", "breakable", "compile", "encoder_manager", "vision_adapter"]
 
 logger = logging.getLogger("vgc")
 
@@ -437,7 +438,7 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
                               block_size=block_size, config=config)
     forward, generate = model.forward, model.generate
     cache_name = engine.cache_keyword
-    _set_attention(model, ATTENTION)
+    set_attention(model, ATTENTION)
 
     @functools.wraps(forward)
     def vgc_forward(input_ids=None, attention_mask=None, *args, **kwargs):
@@ -468,24 +469,11 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
 def _eager(model, forward, attention_name: str, *args, **kwargs):
     """A call vgc does not serve, on the model's original attention: no vgc cache, or inputs it does not take."""
     counters.eager_runs += 1
-    _set_attention(model, attention_name)
+    set_attention(model, attention_name)
     try:
         return forward(*args, **kwargs)
     finally:
-        _set_attention(model, ATTENTION)
-
-
-def _set_attention(model: torch.nn.Module, name: str) -> None:
-    for config in {id(c): c for c in _configs(model.config)}.values():
-        config._attn_implementation = name
-
-
-def _configs(config):
-    yield config
-    for key in getattr(config, "sub_configs", {}) or {}:
-        sub = getattr(config, key, None)
-        if sub is not None and hasattr(sub, "_attn_implementation"):
-            yield from _configs(sub)
+        set_attention(model, ATTENTION)
 
 
 def _config(config: CompilationConfig | dict | None, device: torch.device, max_batch_size: int) -> CompilationConfig:

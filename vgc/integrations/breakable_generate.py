@@ -1,0 +1,181 @@
+"""CUDA graphs for an unmodified transformers causal LM under `generate()`, on its default `DynamicCache`, with no
+Dynamo and no Inductor (`vgc.integrations.transformers.breakable`).
+
+    from vgc.integrations import transformers as vgc_transformers
+    model = vgc_transformers.breakable(model, batch_sizes=[1, 4])   # captures now, one warm-up generate() a size
+    out = model.generate(input_ids, attention_mask=mask, max_new_tokens=128)
+
+A decode step replays one breakable capture (`vgc.cudagraph.breakable`) of the model's own forward for its batch
+size, whatever the KV length: the segments between attention calls are graphs, and two breaks per layer run
+eagerly at every replay on this step's objects:
+- the cache's `update` (a method break): it grows this generate()'s `DynamicCache`, handed over per call;
+- the attention, `vgc::causal_attention`: vgc registers it with transformers' `AttentionInterface` (as
+  "vgc_breakable") and switches the model to it. With no mask function registered under that name, transformers
+  builds no mask in the forward (that would read the cache's length and the padding mask in a segment); the op
+  builds the causal and padding mask itself, from this step's shapes and generate()'s 2-D attention mask, which
+  travels to it as a keyword argument.
+
+Prefill, and steps of batch sizes not captured, run the same forward eagerly. Sampling, stopping and the rest stay
+generate()'s own.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import time
+from typing import Any
+
+import torch
+
+from vgc.cudagraph.breakable_capture import BreakableGraphs, DEFAULT_BREAKS
+from vgc.ops import causal_attention
+
+try:
+    from transformers import AttentionInterface
+    from transformers.cache_utils import DynamicCache
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError("vgc.integrations.transformers needs transformers: pip install 'vgc[transformers]'") from error
+
+logger = logging.getLogger("vgc")
+
+ATTENTION = "vgc_breakable"
+PADDING_MASK = "vgc_padding_mask"   # the keyword under which generate()'s 2-D mask travels to the attention
+_DUMMY_PROMPT = 4                   # tokens of each warm-up generate()'s prompt
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention interface: [batch, heads, q, dim] queries against the cache's keys and values."""
+    if dropout:
+        raise ValueError("vgc_breakable attention serves inference only (dropout must be 0: call model.eval())")
+    if attention_mask is not None:
+        raise ValueError("vgc_breakable attention builds its own mask; a prepared 4-D attention_mask is not "
+                         "supported (pass generate()'s 2-D mask)")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return torch.ops.vgc.causal_attention(query, key, value, kwargs.get(PADDING_MASK), scale), None
+
+
+AttentionInterface.register(ATTENTION, attention)
+
+
+def set_attention(model: torch.nn.Module, name: str) -> None:
+    """Switch the model, and its sub-models' configs (a VLM's text model), to the attention implementation `name`."""
+    for config in {id(c): c for c in _configs(model.config)}.values():
+        config._attn_implementation = name
+
+
+def _configs(config):
+    yield config
+    for key in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "_attn_implementation"):
+            yield from _configs(sub)
+
+
+class BreakableDecode:
+    """`model.vgc_breakable`: routes the model's forward (decode steps to their graphs, the rest eagerly) and holds
+    the graphs. Made by `breakable()`."""
+
+    def __init__(self, model: torch.nn.Module, batch_sizes: list[int], breaks=None):
+        self.model = model
+        self.forward = model.forward   # the model's own, bound
+        parameters = inspect.signature(self.forward).parameters
+        self.cache_name = "cache" if "cache" in parameters else "past_key_values"
+        self.graphs = BreakableGraphs(self.forward, dynamic_arg_dims={"input_ids": 0, "position_ids": 0},
+                                      capture_sizes=list(batch_sizes),
+                                      breaks=[*DEFAULT_BREAKS, DynamicCache.update, *(breaks or ())])
+        self.warming = False
+        self.eager_calls = 0
+
+    def __call__(self, *args, **kwargs):
+        if args:   # generate() passes keywords; a positional call is the user's own: eagerly
+            return self._eager(*args, **kwargs)
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            kwargs[PADDING_MASK] = mask
+        batch = self._decode_batch(kwargs)
+        if batch is None:
+            return self._eager(**kwargs)
+        if mask is None:   # every step of every capture hands the op a mask, so one capture serves with or without
+            cache = kwargs[self.cache_name]
+            kwargs[PADDING_MASK] = torch.ones(batch, cache.get_seq_length() + 1, dtype=torch.long,
+                                              device=kwargs["input_ids"].device)
+        if kwargs["position_ids"].shape[0] != batch:   # [1, 1] when generate() had no mask: the same positions
+            kwargs["position_ids"] = kwargs["position_ids"].expand(batch, -1)
+        if batch in self.graphs.graphs:
+            return self.graphs(**kwargs)
+        if self.warming and batch in self.graphs.capture_sizes:
+            return self.graphs.capture(**kwargs)
+        return self._eager(**kwargs)
+
+    def _decode_batch(self, kwargs: dict) -> int | None:
+        """The batch size of a decode step vgc serves (one new token per row, generate()'s DynamicCache holding
+        earlier tokens, positions given), else None."""
+        ids, cache, positions = kwargs.get("input_ids"), kwargs.get(self.cache_name), kwargs.get("position_ids")
+        if ids is None or ids.dim() != 2 or ids.shape[1] != 1 or type(cache) is not DynamicCache or \
+                positions is None or positions.dim() != 2 or positions.shape[1] != 1 or \
+                kwargs.get("inputs_embeds") is not None or kwargs.get("output_attentions") or \
+                kwargs.get("output_hidden_states") or not cache.get_seq_length():
+            return None
+        return ids.shape[0]
+
+    def _eager(self, *args, **kwargs):
+        self.eager_calls += 1
+        return self.forward(*args, **kwargs)
+
+    def warmup(self) -> dict[str, Any]:
+        """One short greedy generate() per batch size, largest first: its first decode step is captured with the
+        keyword arguments generate() really passes, so later steps match the capture."""
+        start = time.perf_counter()
+        device = next(self.model.parameters()).device
+        self.warming = True
+        try:
+            for batch in sorted(self.graphs.capture_sizes, reverse=True):
+                ids = torch.zeros(batch, _DUMMY_PROMPT, dtype=torch.long, device=device)
+                self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2,
+                                    do_sample=False, pad_token_id=0)
+        finally:
+            self.warming = False
+        self.eager_calls = 0
+        logger.info("breakable decode graphs for batch sizes %s in %.2f s", sorted(self.graphs.graphs),
+                    time.perf_counter() - start)
+        return self.stats()
+
+    def stats(self) -> dict[str, Any]:
+        """The graphs' `stats()` (model_counters: cudagraph_replays are decode steps replayed, eager_runs the
+        steps of a captured batch size that could not replay), and `eager_calls`: prefills and other calls the
+        router ran eagerly since warm-up."""
+        return {**self.graphs.stats(), "eager_calls": self.eager_calls}
+
+
+def breakable(model: torch.nn.Module, *, batch_sizes: list[int] = (1,), breaks=None,
+              warmup: bool = True) -> torch.nn.Module:
+    """Breakable CUDA graphs for `model.generate()`'s decode steps on the default `DynamicCache`: the model
+    (changed in place: its attention becomes "vgc_breakable", its forward routes decode steps to the graphs;
+    `model.vgc_breakable` holds them). One capture per batch size in `batch_sizes` (a step of another batch size
+    runs eagerly), made now by a warm-up generate() each unless `warmup=False` (then call
+    `model.vgc_breakable.warmup()` before serving). `breaks`: more breaks, as for `vgc.cudagraph.breakable`."""
+    if getattr(model, "vgc_breakable", None) is not None:
+        raise ValueError("this model was already prepared by vgc.integrations.transformers.breakable")
+    if getattr(model, "vgc", None) is not None:
+        raise ValueError("this model was prepared by vgc.integrations.transformers.compile; breakable graphs "
+                         "replace that path, so start from the unprepared model")
+    if getattr(model.config, "is_encoder_decoder", False) or not hasattr(model, "generate"):
+        raise ValueError(f"{type(model).__name__} is not a decoder-only causal LM with generate(); "
+                         "vgc.integrations.transformers.breakable serves those")
+    sizes = sorted(set(batch_sizes))
+    if not sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes):
+        raise ValueError(f"batch_sizes must be positive ints, got {list(batch_sizes)}")
+    if model.training:
+        raise ValueError("breakable graphs serve inference: call model.eval() first")
+    decode = BreakableDecode(model, sizes, breaks)
+    set_attention(model, ATTENTION)
+    model.forward = functools.wraps(decode.forward)(decode)
+    model.vgc_breakable = decode
+    if warmup:
+        decode.warmup()
+    return model
+
+
+__all__ = ["ATTENTION", "BreakableDecode", "attention", "breakable", "causal_attention", "set_attention"]

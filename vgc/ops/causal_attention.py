@@ -1,0 +1,59 @@
+"""`vgc::causal_attention`: causal attention of a batch of padded sequences against their whole KV so far.
+
+The shape transformers' models attend in: queries [batch, heads, q, dim], keys and values [batch, kv_heads, kv,
+dim] (the cache's, new tokens last), an optional padding mask [batch, kv] (1 = a real token) as generate() keeps
+it. The mask is built here, from the shapes of this call, so a caller that runs this op eagerly between captured
+segments (breakable CUDA graphs) serves every KV length with one capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.library.custom_op("vgc::causal_attention", mutates_args=())
+def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, padding_mask: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """[batch, heads, q, dim] queries, the last q of kv positions, against keys/values [batch, kv_heads, kv, dim];
+    returns [batch, q, heads, dim]. A query row with no key to attend (a left-padding token) attends to all: its
+    output is finite and unused."""
+    _check(query, key, value, padding_mask)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads != kv_heads:
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    q, kv = query.shape[2], key.shape[2]
+    if padding_mask is None and q == kv:
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
+    elif padding_mask is None and q == 1:
+        out = F.scaled_dot_product_attention(query, key, value, scale=scale)
+    else:
+        positions = torch.arange(kv, device=query.device)
+        allowed = positions[None, :] <= positions[kv - q:, None]                 # [q, kv]
+        if padding_mask is not None:
+            allowed = allowed[None] & padding_mask.to(torch.bool)[:, None, :]     # [batch, q, kv]
+        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed.unsqueeze(-3), scale=scale)
+    return out.transpose(1, 2).contiguous()
+
+
+@causal_attention.register_fake
+def _(query, key, value, padding_mask, scale):
+    return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+
+
+def _check(query, key, value, padding_mask) -> None:
+    def fail(msg):
+        raise ValueError(f"vgc::causal_attention: {msg}")
+
+    if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
+        fail(f"query must be [batch, heads, q, dim] and key/value [batch, kv_heads, kv, dim] alike, got "
+             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3] or query.shape[1] % key.shape[1]:
+        fail(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)} (same batch and dim, heads a "
+             "multiple of kv_heads)")
+    if query.shape[2] > key.shape[2]:
+        fail(f"{query.shape[2]} queries but only {key.shape[2]} keys: the keys must include the queries' own")
+    if padding_mask is not None and tuple(padding_mask.shape) != (key.shape[0], key.shape[2]):
+        fail(f"padding_mask must be [batch, kv] = {(key.shape[0], key.shape[2])}, got {tuple(padding_mask.shape)}")
