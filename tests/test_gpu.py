@@ -349,6 +349,29 @@ def test_breakable_refuses_a_host_read_before_the_driver_does(fresh_counters):
     torch.testing.assert_close(graphs(x), graphs.model(x))
 
 
+def test_breakable_generate_on_the_default_dynamic_cache(fresh_counters):
+    """vgc.integrations.transformers.breakable: real capture of an unmodified Llama's decode step; generate()'s
+    own DynamicCache grows at every replay; greedy tokens equal eager's (fp32)."""
+    import transformers
+    from vgc.integrations import transformers as vgc_transformers
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(transformers.LlamaForCausalLM(config).cuda().eval())
+    reference, model = models
+    vgc_transformers.breakable(model, batch_sizes=[1, 2])
+    ids = torch.randint(1, 128, (2, 9), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    want = reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with fresh_counters.expect(cudagraph_replays=11, eager_runs=0):
+        got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_breakable_unmodified_hugging_face_llama(fresh_counters):
     import transformers
     from vgc.cudagraph import breakable

@@ -246,6 +246,70 @@ def test_break_results_feed_later_breaks_whatever_their_length(simulated_capture
     assert model.cache.keys.shape[2] == 5
 
 
+class ObjectCache:
+    """A cache that is no module: a new one per sequence, passed to every call (as generate() passes its
+    DynamicCache); its `update` copies what it keeps."""
+
+    def __init__(self):
+        self.keys = None
+
+    def update(self, k):
+        self.keys = k.clone() if self.keys is None else torch.cat([self.keys, k], dim=2)
+        return self.keys
+
+
+class PassedCacheDecoder(Decoder):
+    def forward(self, x, cache):
+        b = x.shape[0]
+        q = self.q(x).view(b, 2, 1, 8)
+        keys = cache.update(self.k(x).view(b, 2, 1, 8))
+        return x + self.out(F.scaled_dot_product_attention(q, keys, keys).reshape(b, 16))
+
+
+def object_cache_graphs(model_cls, cache_cls=ObjectCache):
+    graphs = breakable(model_cls().eval(), dynamic_arg_dims={"x": 0}, capture_sizes=[4],
+                       breaks=[*DEFAULT_BREAKS, cache_cls.update])
+    graphs.warmup(lambda n: (torch.zeros(n, 16), cache_cls()))
+    return graphs
+
+
+def test_method_break_gets_each_calls_own_cache_object(simulated_capture, fresh_counters):
+    """A method break (the cache's update, patched on its class during capture) receives, at every replay, the
+    cache object of this call: two sequences, each its own cache, replay one capture."""
+    graphs, reference = object_cache_graphs(PassedCacheDecoder), PassedCacheDecoder().eval()
+    assert graphs.stats()["handed_over"] == ["cache"]
+    with fresh_counters.expect(cudagraph_replays=8, eager_runs=0), torch.no_grad():
+        for sequence in range(2):
+            ours, theirs = ObjectCache(), ObjectCache()
+            for step in range(4):
+                x = torch.randn(4, 16)
+                torch.testing.assert_close(graphs(x, ours), reference(x, theirs), **FP32_TOL,
+                                           msg=f"sequence {sequence}, step {step}")
+            assert ours.keys.shape[2] == 4
+    assert ObjectCache.update.__qualname__ == "ObjectCache.update"   # unpatched after capture
+
+
+class ReadsHeldKeys(PassedCacheDecoder):
+    def forward(self, x, cache):
+        seen = cache.keys.mean() if cache.keys is not None else 0.0   # a tensor the cache holds, from an earlier call
+        return super().forward(x, cache) + seen
+
+
+class KeepsItsArgument(ObjectCache):
+    def update(self, k):
+        self.last = k   # a reference to graph memory, which the next replay overwrites
+        return super().update(k)
+
+
+@pytest.mark.parametrize("model_cls, cache_cls, message", [
+    (ReadsHeldKeys, ObjectCache, "reads a tensor that argument 'cache' .* holds"),
+    (PassedCacheDecoder, KeepsItsArgument, "KeepsItsArgument.update keeps a tensor argument"),
+])
+def test_handed_over_objects_that_cannot_be_right_are_refused(model_cls, cache_cls, message, simulated_capture):
+    with pytest.raises(BreakableCaptureError, match=message):
+        object_cache_graphs(model_cls, cache_cls)
+
+
 class ReadsTheCache(Decoder):
     def forward(self, x):
         b = x.shape[0]

@@ -11,7 +11,9 @@ Rows (each on its own copy of the model; vgc's fusion pass rebinds weights):
 - `vgc drop-in (dynamic cache)`: `model.forward = torch.compile(model.forward, backend="vgc")`, nothing else;
 - `vgc CompileConfig (static cache)`: the anchor with `CompileConfig(backend="vgc")`, FULL_AND_PIECEWISE, split
   at SDPA;
-- `vgc integration`: `vgc.integrations.transformers.compile(model)`.
+- `vgc integration`: `vgc.integrations.transformers.compile(model)`;
+- `vgc breakable (dynamic cache)`: `vgc.integrations.transformers.breakable(model, batch_sizes=[batch])`: no Dynamo,
+  no Inductor; decode steps replay breakable CUDA graphs on the default dynamic cache.
 
 Columns: `first s` (the row's first generate(): compile, capture and one generate; the bench starts with empty vgc,
 Inductor and Triton caches), new tokens/s and ms per token (median of `--reps` generate() calls, the rows interleaved: A,
@@ -57,7 +59,8 @@ def _shape(name: str, layers: int | None):
 
 
 MODELS = ("llama_1b", "qwen2_0_5b", "tiny")
-ROWS = ("eager", "anchor", "vgc drop-in (dynamic cache)", "vgc CompileConfig (static cache)", "vgc integration")
+ROWS = ("eager", "anchor", "vgc drop-in (dynamic cache)", "vgc CompileConfig (static cache)", "vgc integration",
+        "vgc breakable (dynamic cache)")
 
 
 def _build(config, device: str, dtype: torch.dtype):
@@ -123,6 +126,9 @@ def _rows(base, names: list[str], batch: int):
         elif name == "vgc integration":
             from vgc.integrations import transformers as vgc_transformers
             vgc_transformers.compile(model, max_batch_size=batch)
+        elif name == "vgc breakable (dynamic cache)":
+            from vgc.integrations import transformers as vgc_transformers
+            vgc_transformers.breakable(model, batch_sizes=[batch])
         return model, kwargs
 
     return {name: (lambda name=name: build(name)) for name in names}

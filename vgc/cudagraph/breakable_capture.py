@@ -693,7 +693,12 @@ class BreakableGraphs:
             call(*bound.args, **bound.kwargs)
         device = bound.arguments[self.size_arg].device
         if self._pool is None:
-            self._pool = cuda_runtime.new_pool()
+            try:
+                self._pool = cuda_runtime.new_pool()
+            except RuntimeError as error:   # a CPU-only torch: no graphs at all
+                self._warn_once(f"no CUDA graph pool ({str(error).splitlines()[0]}; the inputs are on {device}): "
+                                "calls run eagerly")
+                return None
         cuda_runtime.synchronize(device)
         before = cuda_runtime.reserved_bytes(device)
         cuda_runtime.reset_peak_memory(device)
@@ -755,10 +760,14 @@ class BreakableGraphs:
         dims = iter(self._output_dims) if self._output_dims is not None else None
         return out if padded == size else slice_outputs(out, size, dims)
 
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            logger.warning("breakable CUDA graphs: %s", message)
+
     def _eager(self, bound: inspect.BoundArguments, why: str | None):
-        if why is not None and why not in self._warned:
-            self._warned.add(why)
-            logger.warning("breakable CUDA graphs: a call runs eagerly: %s", why)
+        if why is not None:
+            self._warn_once(f"a call runs eagerly: {why}")
         self.counters.add(eager_runs=1)
         return lengths_read_once(self.model)(*bound.args, **bound.kwargs)
 

@@ -1,0 +1,107 @@
+"""`vgc.integrations.transformers.breakable`: unmodified transformers causal LMs under generate(), on their default
+DynamicCache, with breakable CUDA graphs (the CPU stand-in for capture: tests/simulated_graphs.py replays exactly
+the operators a segment recorded, on the tensors it recorded them on, so a KV length or mask baked into a segment
+gives other tokens here as on a GPU). Greedy tokens must equal eager's (SDPA) token for token, in fp32."""
+
+import pytest
+import torch
+import transformers as T
+
+from vgc.integrations import transformers as vgc_transformers
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")
+FAMILIES = {
+    "llama": (T.LlamaConfig, T.LlamaForCausalLM, {}),
+    "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, {}),
+    "gemma": (T.GemmaConfig, T.GemmaForCausalLM, {"head_dim": 16}),
+    "olmo2": (T.Olmo2Config, T.Olmo2ForCausalLM, {"head_dim": 16}),
+    "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM, {}),
+    "gpt2": (T.GPT2Config, T.GPT2LMHeadModel, None),
+}
+GREEDY = dict(do_sample=False, pad_token_id=0)
+
+
+def pair(family: str):
+    """Two copies of one seeded tiny model: the reference (SDPA, untouched) and the one vgc prepares."""
+    config_cls, model_cls, extra = FAMILIES[family]
+    options = {**TINY, **extra} if extra is not None else dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4,
+                                                                 n_positions=128, attn_implementation="sdpa")
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(model_cls(config_cls(**options)).eval())
+    return models
+
+
+def left_padded(batch: int, length: int, seed: int = 1):
+    torch.manual_seed(seed)
+    ids = torch.randint(1, 128, (batch, length))
+    mask = torch.ones_like(ids)
+    for row in range(1, batch):   # rows of other lengths, padded on the left as a tokenizer for generate() does
+        mask[row, :row] = 0
+        ids[row, :row] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_steps_replay_and_tokens_equal_eager(family, simulated_capture, fresh_counters):
+    reference, model = pair(family)
+    ids, mask = left_padded(2, 6)
+    want = reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=7, **GREEDY)
+    with fresh_counters.expect(dynamo_traces=0, inductor_compiles=0):
+        vgc_transformers.breakable(model, batch_sizes=[2])
+    # one prefill eagerly, then 6 decode steps, each at another KV length, all replaying one capture
+    with fresh_counters.expect(cudagraph_replays=6, eager_runs=0, dynamo_traces=0, inductor_compiles=0):
+        got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=7, **GREEDY)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    stats = model.vgc_breakable.stats()
+    assert stats["breaks"] == {2: 4}   # per layer: the cache's update and the attention
+    assert stats["handed_over"] == [model.vgc_breakable.cache_name, "kwargs"]   # the cache and the mask, per call
+    assert stats["eager_calls"] == 1   # the prefill
+
+
+def test_new_caches_masks_and_batch_sizes(simulated_capture, fresh_counters, caplog):
+    """Every generate() brings a new DynamicCache, handed to the graphs per call; a call without a mask replays
+    the same capture; a batch size not captured runs eagerly, right."""
+    reference, model = pair("llama")
+    vgc_transformers.breakable(model, batch_sizes=[1, 2])
+    for batch, length, replays, masked in [(2, 5, 4, True), (1, 3, 4, False), (2, 9, 4, True), (3, 4, 0, True)]:
+        ids, mask = left_padded(batch, length, seed=length)
+        kwargs = dict(input_ids=ids, attention_mask=mask) if masked else dict(input_ids=ids)
+        want = reference.generate(**kwargs, max_new_tokens=5, **GREEDY)
+        with fresh_counters.expect(cudagraph_replays=replays, eager_runs=0):
+            got = model.generate(**kwargs, max_new_tokens=5, **GREEDY)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"batch {batch}, prompt {length}")
+    assert "runs eagerly" not in caplog.text   # nothing fell back from a captured size
+
+
+def test_forward_calls_outside_generate_run_eagerly(simulated_capture, fresh_counters):
+    reference, model = pair("llama")
+    vgc_transformers.breakable(model, batch_sizes=[1])
+    ids = torch.randint(1, 128, (1, 6))
+    with fresh_counters.expect(cudagraph_replays=0), torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(model(input_ids=ids, use_cache=False).logits,
+                                   reference(input_ids=ids, use_cache=False).logits, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_sizes": []}, "batch_sizes must be positive ints"),
+    ({"batch_sizes": [0, 2]}, "batch_sizes must be positive ints"),
+    ({"batch_sizes": [1], "breaks": [lambda x: x]}, "cannot be seen by the capture"),
+])
+def test_bad_arguments_name_the_fix(kwargs, message):
+    _, model = pair("llama")
+    with pytest.raises(ValueError, match=message):
+        vgc_transformers.breakable(model, warmup=False, **kwargs)
+
+
+def test_prepared_twice_or_training_is_refused():
+    _, model = pair("llama")
+    vgc_transformers.breakable(model, batch_sizes=[1], warmup=False)
+    with pytest.raises(ValueError, match="already prepared"):
+        vgc_transformers.breakable(model, batch_sizes=[1], warmup=False)
+    _, model = pair("llama")
+    with pytest.raises(ValueError, match="model.eval"):
+        vgc_transformers.breakable(model.train(), batch_sizes=[1], warmup=False)

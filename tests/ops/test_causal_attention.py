@@ -1,0 +1,48 @@
+"""`vgc::causal_attention` against attention written out per row and query in float64."""
+
+import pytest
+import torch
+
+from vgc.ops import causal_attention  # noqa: F401  (registers torch.ops.vgc.causal_attention)
+
+
+def written_out(query, key, value, padding_mask, scale):
+    batch, heads, q, dim = query.shape
+    kv, group = key.shape[2], heads // key.shape[1]
+    out = torch.zeros(batch, q, heads, dim, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(q):
+                allowed = [j for j in range(kv) if j <= kv - q + i and (padding_mask is None or padding_mask[b, j])]
+                allowed = allowed or list(range(kv))   # a padding row attends to all (its output is unused)
+                k, v = key[b, h // group, allowed].double(), value[b, h // group, allowed].double()
+                weights = torch.softmax(k @ query[b, h, i].double() * scale, dim=0)
+                out[b, i, h] = weights @ v
+    return out
+
+
+@pytest.mark.parametrize("q, kv, masked", [(1, 1, False), (1, 9, False), (1, 9, True), (5, 5, False), (5, 5, True),
+                                           (3, 11, True)], ids=["first", "decode", "decode-padded", "prefill",
+                                                                "prefill-padded", "chunk-padded"])
+def test_equals_attention_written_out(q, kv, masked):
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 4, q, 8), torch.randn(2, 2, kv, 8), torch.randn(2, 2, kv, 8)
+    mask = None
+    if masked:
+        mask = torch.ones(2, kv, dtype=torch.long)
+        mask[1, :2] = 0   # left padding
+    got = torch.ops.vgc.causal_attention(query, key, value, mask, 0.3)
+    torch.testing.assert_close(got.double(), written_out(query, key, value, mask, 0.3), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shapes, mask_shape, message", [
+    (((1, 4, 1, 8), (1, 3, 4, 8)), None, "heads a multiple of kv_heads"),
+    (((1, 4, 5, 8), (1, 2, 4, 8)), None, "the keys must include the queries' own"),
+    (((1, 4, 1, 8), (1, 2, 4, 8)), (1, 3), r"padding_mask must be \[batch, kv\]"),
+    (((4, 1, 8), (1, 2, 4, 8)), None, r"query must be \[batch, heads, q, dim\]"),
+])
+def test_bad_shapes_name_the_problem(shapes, mask_shape, message):
+    (qs, ks) = shapes
+    mask = torch.ones(mask_shape) if mask_shape else None
+    with pytest.raises(ValueError, match=message):
+        torch.ops.vgc.causal_attention(torch.randn(qs), torch.randn(ks), torch.randn(ks), mask, 1.0)
