@@ -92,14 +92,14 @@ class BreakableDecode:
         if args:   # generate() passes keywords; a positional call is the user's own: eagerly
             return self._eager(*args, **kwargs)
         mask = kwargs.get("attention_mask")
-        if mask is not None:
-            kwargs[PADDING_MASK] = mask
+        if mask is not None:   # bool once per step, not once per layer
+            kwargs[PADDING_MASK] = mask.to(torch.bool)
         batch = self._decode_batch(kwargs)
         if batch is None:
             return self._eager(**kwargs)
         if mask is None:   # every step of every capture hands the op a mask, so one capture serves with or without
             cache = kwargs[self.cache_name]
-            kwargs[PADDING_MASK] = torch.ones(batch, cache.get_seq_length() + 1, dtype=torch.long,
+            kwargs[PADDING_MASK] = torch.ones(batch, cache.get_seq_length() + 1, dtype=torch.bool,
                                               device=kwargs["input_ids"].device)
         if kwargs["position_ids"].shape[0] != batch:   # [1, 1] when generate() had no mask: the same positions
             kwargs["position_ids"] = kwargs["position_ids"].expand(batch, -1)

@@ -1,8 +1,8 @@
 """`vgc::causal_attention`: causal attention of a batch of padded sequences against their whole KV so far.
 
 The shape transformers' models attend in: queries [batch, heads, q, dim], keys and values [batch, kv_heads, kv,
-dim] (the cache's, new tokens last), an optional padding mask [batch, kv] (1 = a real token) as generate() keeps
-it. The mask is built here, from the shapes of this call, so a caller that runs this op eagerly between captured
+dim] (the cache's, new tokens last), an optional padding mask [batch, kv] (nonzero = a real token) as generate()
+keeps it (bool saves a conversion per call). The mask is built here, from the shapes of this call, so a caller that runs this op eagerly between captured
 segments (breakable CUDA graphs) serves every KV length with one capture.
 """
 
@@ -26,8 +26,10 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     q, kv = query.shape[2], key.shape[2]
     if padding_mask is None and q == kv:
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
-    elif padding_mask is None and q == 1:
-        out = F.scaled_dot_product_attention(query, key, value, scale=scale)
+    elif q == 1:   # a decode step: every key is in its past, so padding is all the mask says (a view, no kernel
+        # when the mask is bool already; its own token is real, so no row is empty)
+        mask = None if padding_mask is None else padding_mask.to(torch.bool)[:, None, None, :]
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     else:
         positions = torch.arange(kv, device=query.device)
         allowed = positions[None, :] <= positions[kv - q:, None]                 # [q, kv]
