@@ -61,6 +61,21 @@ def test_qualified_name():
     assert _compat.qualified_name(functools.partial(print)) is None   # FX cannot name it: no error
 
 
+def test_custom_op_function_is_the_python_behind_the_operator(monkeypatch):
+    import vgc.ops  # noqa: F401  (registers torch.ops.vgc.*)
+    from torch._library import custom_ops
+
+    function = _compat.custom_op_function(torch.ops.vgc.causal_attention)
+    assert function is not None and _compat.custom_op_function(torch.ops.vgc.causal_attention.default) is function
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    torch.testing.assert_close(function(q, k, k, None, 0.5), torch.ops.vgc.causal_attention(q, k, k, None, 0.5))
+    assert _compat.custom_op_function(torch.ops.aten.add) is None   # not a custom op: the dispatcher's
+    assert _compat.custom_op_function(torch.add) is None
+    # the other path: torch's private registry gone or changed, so the operator itself is called
+    monkeypatch.delattr(custom_ops, "_maybe_get_opdef")
+    assert _compat.custom_op_function(torch.ops.vgc.causal_attention) is None
+
+
 def test_operator_names_and_schema():
     packet, overload = torch.ops.aten.add, torch.ops.aten.add.Tensor
     assert _compat.operator_names(packet) == ("aten::add",)

@@ -146,6 +146,26 @@ def operator_names(target) -> tuple[str, ...]:
     return ()
 
 
+def custom_op_function(target) -> Callable | None:
+    """The Python function behind a `torch.library.custom_op` operator with one implementation for every device,
+    to call without the dispatcher: an eager call under no_grad needs none of its autograd, inplace/view and
+    device steps, which cost ~100 µs per call on this repository's CPU against ~50 µs for the function. None for
+    any other operator, or where torch's private registry of them (`torch._library.custom_ops`) is not there."""
+    names = operator_names(target)
+    if not names:
+        return None
+    try:
+        from torch._library.custom_ops import _maybe_get_opdef
+
+        opdef = _maybe_get_opdef(names[0])
+    except Exception:   # noqa: BLE001 - the private registry moved or changed: use the operator
+        return None
+    functions = getattr(opdef, "_backend_fns", None)
+    if not isinstance(functions, dict) or set(functions) != {None} or not callable(functions[None]):
+        return None
+    return functions[None]
+
+
 def op_schema(target) -> torch.FunctionSchema | None:
     """The schema of one operator overload (which arguments it writes, what it returns); None for anything else,
     an overload packet included (its overload is only chosen per call). Read from the private `_schema`."""

@@ -261,7 +261,9 @@ class _Capture:
                     "replay overwrites it). A method break must copy what it keeps (as a cache's update does); or "
                     "list the nn.Module that calls it instead (module breaks are handed copies)")
             index = len(self.steps)
-            self.steps.append(_Break(call, name, spec, sources, outputs, result_spec, copied))
+            # a replay calls a custom op's own function: the dispatcher's steps cost more than attention itself
+            self.steps.append(_Break(_compat.custom_op_function(call) or call, name, spec, sources, outputs,
+                                     result_spec, copied))
             for j, leaf in enumerate(outputs):
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in self.source:
                     self._note(leaf, ("break", index, j))
