@@ -383,3 +383,22 @@ def test_inputs_of_the_wrong_size_are_refused_at_warmup(simulated_capture):
     graphs = breakable(Stack(), dynamic_arg_dims={"x": 0}, capture_sizes=[4])
     with pytest.raises(ValueError, match="make_inputs\\(n\\) must make calls of size n"):
         graphs.warmup(lambda n: (torch.randn(n + 1, 16),))
+
+
+def test_break_arguments_rebuild_as_pytree_would():
+    """A replay rebuilds each break's (args, kwargs) by a plan made at capture: plain tuples, lists, dicts and Nones
+    by the plan, anything else pytree knows (a named tuple) by pytree; both give back the structure."""
+    import collections
+
+    from vgc import _compat
+    from vgc.cudagraph.breakable_capture import _builder
+
+    point = collections.namedtuple("Point", "x y")
+    t = torch.ones(2)
+    for structure in [((t, 3, None), {"kwargs": {"mask": t, "flag": False}, "extra": [t, (t,)]}),
+                      ((point(t, t),), {"p": point(1, t)})]:
+        leaves, spec = _compat.tree_flatten(structure)
+        fresh = [torch.full((2,), float(i)) if isinstance(x, torch.Tensor) else x for i, x in enumerate(leaves)]
+        rebuilt = _builder(structure, leaves, spec)(fresh)
+        again, rebuilt_spec = _compat.tree_flatten(rebuilt)
+        assert rebuilt_spec == spec and all(a is b for a, b in zip(again, fresh))
