@@ -402,3 +402,6 @@ def test_break_arguments_rebuild_as_pytree_would():
         rebuilt = _builder(structure, leaves, spec)(fresh)
         again, rebuilt_spec = _compat.tree_flatten(rebuilt)
         assert rebuilt_spec == spec and all(a is b for a, b in zip(again, fresh))
+    # the plan is taken only where it is pytree's: a plain structure uses it, a named tuple does not
+    assert _builder(((t, None), {"a": [t]}), *_compat.tree_flatten(((t, None), {"a": [t]}))).__code__ is not \
+        _builder((point(t, t),), *_compat.tree_flatten((point(t, t),))).__code__

@@ -172,14 +172,12 @@ class _Break:
 
 
 def _plan(value, count: list[int]):
-    """The shape of plain tuples, lists, dicts and Nones around a call's leaves, each leaf by its index."""
+    """The shape of plain tuples, lists and dicts around a call's leaves, each leaf by its index."""
     kind = type(value)
     if kind is tuple or kind is list:
         return kind, [_plan(item, count) for item in value]
     if kind is dict:
         return dict, [(key, _plan(item, count)) for key, item in value.items()]
-    if value is None:
-        return (None,)
     count[0] += 1
     return count[0] - 1
 
@@ -188,8 +186,6 @@ def _built(plan, leaves: list):
     if type(plan) is int:
         return leaves[plan]
     kind = plan[0]
-    if kind is None:
-        return None
     if kind is dict:
         return {key: _built(item, leaves) for key, item in plan[1]}
     items = [_built(item, leaves) for item in plan[1]]
@@ -198,11 +194,14 @@ def _built(plan, leaves: list):
 
 def _builder(structure, leaves: list, spec) -> Callable[[list], Any]:
     """Rebuilds `structure` (a break's (args, kwargs)) from new leaves: by its plan, at a third of a pytree
-    unflatten's cost (a replay does it per break, 32 times a step for a 16-layer decoder), where rebuilding its
-    own leaves by the plan gives pytree's spec back; else by pytree (a named tuple, a registered class)."""
+    unflatten's cost (a replay does it per break, 32 times a step for a 16-layer decoder), where the plan puts
+    each of `len(leaves)` distinct markers where pytree would (same spec, same order); else by pytree (a named
+    tuple, a registered class, a None where pytree counts no leaf)."""
     plan = _plan(structure, [0])
+    markers = [object() for _ in leaves]
     try:
-        plain = _compat.tree_flatten(_built(plan, leaves))[1] == spec
+        found, found_spec = _compat.tree_flatten(_built(plan, markers))
+        plain = found_spec == spec and len(found) == len(markers) and all(a is b for a, b in zip(found, markers))
     except (IndexError, TypeError):
         plain = False
     if plain:
