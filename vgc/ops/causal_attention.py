@@ -19,17 +19,21 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     returns [batch, q, heads, dim]. A query row with no key to attend (a left-padding token) attends to all: its
     output is finite and unused."""
     _check(query, key, value, padding_mask)
-    heads, kv_heads = query.shape[1], key.shape[1]
+    batch, heads, q, dim = query.shape
+    kv_heads, kv = key.shape[1], key.shape[2]
+    if q == 1:
+        # A decode step: every key is in its past, so padding is all the mask says (a view, no kernel, when the
+        # mask is bool already; the step's own token is real, so no row is empty). The heads that share a KV head
+        # become that head's queries, so grouped heads read the cache in place rather than a repeated copy of it.
+        mask = None if padding_mask is None else padding_mask.to(torch.bool)[:, None, None, :]
+        grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+        out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
+        return out.reshape(batch, 1, heads, dim)
     if heads != kv_heads:
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
-    q, kv = query.shape[2], key.shape[2]
     if padding_mask is None and q == kv:
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
-    elif q == 1:   # a decode step: every key is in its past, so padding is all the mask says (a view, no kernel
-        # when the mask is bool already; its own token is real, so no row is empty)
-        mask = None if padding_mask is None else padding_mask.to(torch.bool)[:, None, None, :]
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     else:
         positions = torch.arange(kv, device=query.device)
         allowed = positions[None, :] <= positions[kv - q:, None]                 # [q, kv]
