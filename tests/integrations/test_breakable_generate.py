@@ -76,6 +76,22 @@ def test_new_caches_masks_and_batch_sizes(simulated_capture, fresh_counters, cap
     assert "runs eagerly" not in caplog.text   # nothing fell back from a captured size
 
 
+@pytest.mark.parametrize("options", [dict(num_beams=2, do_sample=False), dict(do_sample=True, top_k=20)],
+                         ids=["beam-search", "sampling"])
+def test_beam_search_and_sampling_equal_eager(options, simulated_capture, fresh_counters):
+    """Beam search reorders the cache between steps (outside the forward): the reordered cache is this step's,
+    handed over; 2 prompts x 2 beams replay the batch-4 capture. Sampling draws the same tokens from one seed."""
+    reference, model = pair("llama")
+    vgc_transformers.breakable(model, batch_sizes=[2, 4])
+    ids, mask = left_padded(2, 6)
+    torch.manual_seed(5)
+    want = reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, pad_token_id=0, **options)
+    torch.manual_seed(5)
+    with fresh_counters.expect(cudagraph_replays=5, eager_runs=0):
+        got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, pad_token_id=0, **options)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_forward_calls_outside_generate_run_eagerly(simulated_capture, fresh_counters):
     reference, model = pair("llama")
     vgc_transformers.breakable(model, batch_sizes=[1])
