@@ -86,6 +86,7 @@ class BreakableDecode:
                                       capture_sizes=list(batch_sizes),
                                       breaks=[*DEFAULT_BREAKS, DynamicCache.update, *(breaks or ())])
         self.warming = False
+        self._warm: set[int] = set()   # batch sizes whose decode step ran eagerly once in warm-up
         self.eager_calls = 0
 
     def __call__(self, *args, **kwargs):
@@ -106,6 +107,9 @@ class BreakableDecode:
         if batch in self.graphs.graphs:
             return self.graphs(**kwargs)
         if self.warming and batch in self.graphs.capture_sizes:
+            if batch not in self._warm:   # the step's kernels run once outside any capture first (lazy set-up)
+                self._warm.add(batch)
+                return self._eager(**kwargs)
             return self.graphs.capture(**kwargs)
         return self._eager(**kwargs)
 
@@ -125,15 +129,15 @@ class BreakableDecode:
         return self.forward(*args, **kwargs)
 
     def warmup(self) -> dict[str, Any]:
-        """One short greedy generate() per batch size, largest first: its first decode step is captured with the
-        keyword arguments generate() really passes, so later steps match the capture."""
+        """One short greedy generate() per batch size, largest first: its first decode step runs eagerly (warm-up),
+        its second is captured with the keyword arguments generate() really passes, so later steps match it."""
         start = time.perf_counter()
         device = next(self.model.parameters()).device
         self.warming = True
         try:
             for batch in sorted(self.graphs.capture_sizes, reverse=True):
                 ids = torch.zeros(batch, _DUMMY_PROMPT, dtype=torch.long, device=device)
-                self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2,
+                self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
                                     do_sample=False, pad_token_id=0)
         finally:
             self.warming = False
