@@ -121,3 +121,13 @@ def test_prepared_twice_or_training_is_refused():
     _, model = pair("llama")
     with pytest.raises(ValueError, match="model.eval"):
         vgc_transformers.breakable(model.train(), batch_sizes=[1], warmup=False)
+
+
+def test_warmup_captures_even_when_every_token_is_eos(simulated_capture, fresh_counters):
+    """The warm-up generate() makes its three tokens whatever the model's EOS (here: every token), and leaves the
+    model's generation settings as they were."""
+    _, model = pair("llama")
+    model.generation_config.eos_token_id = list(range(128))
+    vgc_transformers.breakable(model, batch_sizes=[1, 2])
+    assert model.vgc_breakable.stats()["capture_sizes"] == [1, 2]
+    assert model.generation_config.eos_token_id == list(range(128))

@@ -21,6 +21,7 @@ generate()'s own.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
@@ -133,15 +134,26 @@ class BreakableDecode:
         its second is captured with the keyword arguments generate() really passes, so later steps match it."""
         start = time.perf_counter()
         device = next(self.model.parameters()).device
+        # the model's own generation settings (what its forward is called with), but three greedy tokens, always:
+        # generate() fills a passed config's unset fields from the model's, so the model's EOS is lifted meanwhile
+        settings = self.model.generation_config
+        config = copy.deepcopy(settings)
+        config.update(max_new_tokens=3, min_new_tokens=3, do_sample=False, num_beams=1, pad_token_id=0,
+                      eos_token_id=None, stop_strings=None, max_time=None)
+        eos, settings.eos_token_id = settings.eos_token_id, None
         self.warming = True
         try:
             for batch in sorted(self.graphs.capture_sizes, reverse=True):
                 ids = torch.zeros(batch, _DUMMY_PROMPT, dtype=torch.long, device=device)
-                self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
-                                    do_sample=False, pad_token_id=0)
+                self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
         finally:
             self.warming = False
+            settings.eos_token_id = eos
         self.eager_calls = 0
+        missed = sorted(set(self.graphs.capture_sizes) - set(self.graphs.graphs))
+        if missed:
+            logger.warning("breakable decode: batch sizes %s were not captured (see the warnings above); their "
+                           "decode steps run eagerly", missed)
         logger.info("breakable decode graphs for batch sizes %s in %.2f s", sorted(self.graphs.graphs),
                     time.perf_counter() - start)
         return self.stats()
