@@ -12,7 +12,8 @@ A replay runs no Python of the forward: a value the forward reads on the host in
 `.tolist()`, an op whose output shape depends on data, a copy between host and device) would be frozen at
 capture. Capture refuses it, naming the call and the fix (mark the function or module that reads it as a break:
 it then runs at every replay). Module breaks are how a forward's Python side effects (statistics, logging of
-values) stay alive.
+values) stay alive. Method breaks (a cache's `update`) get the call's own object when it is one of the call's
+arguments: one capture serves a new cache per request, growing at every step.
 """
 
 from __future__ import annotations
@@ -846,6 +847,10 @@ def breakable(model: Callable, *, dynamic_arg_dims: dict[str, int], capture_size
     """CUDA graphs of `model`'s eager forward with no Dynamo and no Inductor: per capture size, segments between
     the `breaks` (default `DEFAULT_BREAKS`: vgc's attention ops and SDPA), which run eagerly at each replay.
 
+    `breaks`: operator names ("vgc::attention"), torch functions, nn.Module classes or instances, and methods of
+    any class (`DynamicCache.update`: a method break must copy what it keeps). Other arguments that only breaks
+    receive (a cache object, a mask of any length) are handed to them per call; the rest are baked in, and a call
+    whose baked-in values differ runs eagerly.
     `dynamic_arg_dims`: each argument whose size varies per call and its dim (the first gives the call's size);
     `pad_values`: how to pad them up to a capture size (as for `vgc.compile`; without it only exact sizes replay);
     `uniform_decode`: a predicate on the call's arguments whose calls replay whole graphs (attention inside),
