@@ -115,8 +115,8 @@ class Breaks:
                 modules.append(entry)
             elif _function_names(entry):
                 functions.append(entry)
-            elif _method_of(entry) is not None:
-                methods.append(_method_of(entry))
+            elif (method := _method_of(entry)) is not None:
+                methods.append(method)
             else:
                 raise ValueError(f"breaks: {entry!r} is not an operator name, a torch function or operator, an "
                                  "nn.Module class or instance, or a method of a class. A plain Python function "
@@ -163,10 +163,8 @@ def _user_frame(error: BaseException | None = None) -> str:
 class _Break:
     call: Callable
     name: str
-    spec: Any                  # the pytree spec of (args, kwargs)
     sources: list              # per leaf: ("input", name) | ("break", step, leaf) | ("const", value)
     outputs: list              # the result's leaves at capture
-    result_spec: Any
     copied: list[bool]         # per leaf: handed over as a copy (graph memory, to a module that may keep it)
     build: Callable            # leaves -> (args, kwargs)
     copy_back: set[int] = dataclasses.field(default_factory=set)   # result leaves a segment read
@@ -226,7 +224,7 @@ class _Capture:
     handed over per call at replay (a cache object, a padding mask of any length); the rest are baked in and
     checked per call (`_Entry.mismatch`)."""
 
-    def __init__(self, pool, breaks: Breaks | None, inputs: dict[str, torch.Tensor], others: dict[str, Any]):
+    def __init__(self, pool, breaks: Breaks | None, inputs: dict[str, torch.Tensor], others: dict[str, list]):
         self.pool = pool
         self.breaks = breaks              # None: a whole graph (no breaks)
         self.steps: list = []             # graphs and _Break, in replay order
@@ -245,8 +243,8 @@ class _Capture:
         self.held_read: set[str] = set()        # argument objects a segment read a held tensor of
         for name, tensor in inputs.items():
             self._note(tensor, ("input", name))
-        for name, value in others.items():
-            for i, leaf in enumerate(_compat.tree_leaves(value)):
+        for name, values in others.items():   # each argument's leaves
+            for i, leaf in enumerate(values):
                 if not isinstance(leaf, _PRIMITIVES):
                     self._note(leaf, ("arg", name, i))
                 if not isinstance(leaf, (torch.Tensor, torch.nn.Module, *_PRIMITIVES)):
@@ -298,12 +296,11 @@ class _Capture:
             or leaf.untyped_storage().data_ptr() in self.graph_storages) for leaf, source in zip(leaves, sources)]
         copied = replaced if keeps_inputs else [False] * len(leaves)
         if any(copied):
-            args, kwargs = _compat.tree_unflatten([leaf.clone() if copy else leaf
-                                                   for leaf, copy in zip(leaves, copied)], spec)
+            args, kwargs = build([leaf.clone() if copy else leaf for leaf, copy in zip(leaves, copied)])
         watched = {leaf.untyped_storage().data_ptr() for leaf, watch in zip(leaves, replaced) if watch and must_copy}
         try:
             result = call(*args, **kwargs)
-            outputs, result_spec = _compat.tree_flatten(result)
+            outputs = _result_leaves(result)
             if watched and args and any(t.untyped_storage().data_ptr() in watched for t in _tensors_held_by(args[0])):
                 raise BreakableCaptureError(
                     f"vgc breakable capture: {name} keeps a tensor argument that lives in graph memory (the next "
@@ -311,8 +308,8 @@ class _Capture:
                     "list the nn.Module that calls it instead (module breaks are handed copies)")
             index = len(self.steps)
             # a replay calls a custom op's own function: the dispatcher's steps cost more than attention itself
-            self.steps.append(_Break(_compat.custom_op_function(call) or call, name, spec, sources, outputs,
-                                     result_spec, copied, build))
+            self.steps.append(_Break(_compat.custom_op_function(call) or call, name, sources, outputs, copied,
+                                     build))
             for j, leaf in enumerate(outputs):
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in self.source:
                     self._note(leaf, ("break", index, j))
@@ -575,8 +572,8 @@ def _capture_entry(model: Callable, bound: inspect.BoundArguments, dynamic: dict
                    breaks: Breaks | None, module_breaks: list) -> tuple[_Entry, Any]:
     """Capture one call in segments; returns the entry and the call's output (real values)."""
     inputs = {name: bound.arguments[name] for name in dynamic}
-    others = {name: value for name, value in bound.arguments.items() if name not in dynamic}
-    capture = _Capture(pool, breaks, inputs, others)
+    others = {name: _compat.tree_flatten(value) for name, value in bound.arguments.items() if name not in dynamic}
+    capture = _Capture(pool, breaks, inputs, {name: values for name, (values, _) in others.items()})
     methods = breaks.methods if breaks is not None else ()
     capture.watch_storage = bool(module_breaks or methods) and breaks is not None
     with cuda_runtime.segment_stream(), _module_breaks(capture, module_breaks), _method_breaks(capture, methods), \
@@ -596,9 +593,8 @@ def _capture_entry(model: Callable, bound: inspect.BoundArguments, dynamic: dict
     leaves, spec = _compat.tree_flatten(out)
     output_sources = [("static", x) if isinstance(x, _PRIMITIVES) else capture.source.get(id(x), ("static", x))
                       for x in leaves]
-    specs, pinned, constants = {}, [], []
-    for name, value in others.items():
-        values, specs[name] = _compat.tree_flatten(value)
+    specs, pinned, constants = {name: spec for name, (_, spec) in others.items()}, [], []
+    for name, (values, _) in others.items():
         for i, leaf in enumerate(values):
             if (name, i) in capture.args_to_breaks and (name, i) not in capture.args_read:
                 if name in capture.held_read and not isinstance(leaf, torch.Tensor):
