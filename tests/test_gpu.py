@@ -355,10 +355,10 @@ def test_breakable_generate_on_the_default_dynamic_cache(fresh_counters):
     import transformers
     from vgc.integrations import transformers as vgc_transformers
 
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
     models = []
-    for _ in range(2):
+    for _ in range(2):   # each its own config: the attention implementation is set on the config
+        config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
         torch.manual_seed(0)
         models.append(transformers.LlamaForCausalLM(config).cuda().eval())
     reference, model = models

@@ -350,6 +350,29 @@ class Scaled(nn.Module):
         return x * scale
 
 
+class OptionalBias(nn.Module):
+    def forward(self, x, bias=None, **options):
+        out = x * 2
+        if bias is not None:
+            out = out + bias
+        return out * options.get("gain", 1.0)
+
+
+def test_an_argument_the_capture_did_not_have_runs_eagerly(simulated_capture, fresh_counters, caplog):
+    """Captured without the optional arguments: a call passing one is not the captured call (a replay would drop
+    it), so it runs eagerly, right; a call passing the defaults replays."""
+    graphs = breakable(OptionalBias().eval(), dynamic_arg_dims={"x": 0}, capture_sizes=[4])
+    graphs.warmup(lambda n: (torch.ones(n, 16),))
+    x, bias = torch.ones(4, 16), torch.full((4, 16), 5.0)
+    with fresh_counters.expect(cudagraph_replays=2, eager_runs=2), torch.no_grad():
+        torch.testing.assert_close(graphs(x), x * 2)
+        torch.testing.assert_close(graphs(x, None), x * 2)
+        torch.testing.assert_close(graphs(x, bias), x * 2 + bias)
+        torch.testing.assert_close(graphs(x, gain=3.0), x * 6)
+    assert "bias is a torch.float32 tensor of shape (4, 16), captured as None" in caplog.text
+    assert "options is structured as" in caplog.text
+
+
 def test_unmodified_transformers_model_equals_eager(simulated_capture, fresh_counters):
     """transformers' Llama, unmodified, no cache: sequence lengths padded up to 8 or 16 (causal attention: padded
     tokens at the end change no real one), its SDPA calls the breaks."""

@@ -76,6 +76,31 @@ def test_new_caches_masks_and_batch_sizes(simulated_capture, fresh_counters, cap
     assert "runs eagerly" not in caplog.text   # nothing fell back from a captured size
 
 
+def test_decode_steps_replay_when_mask_preparation_looks_at_the_mask(simulated_capture, fresh_counters,
+                                                                     monkeypatch):
+    """transformers 5.17's mask preparation reads a 2-D mask's shape before it learns the attention wants no
+    prepared mask: a read of the mask inside a segment, as here. The mask is one token longer each step, so a
+    capture tied to it would never replay."""
+    from transformers.models.llama import modeling_llama
+
+    prepare = modeling_llama.create_causal_mask
+
+    def looking(*args, **kwargs):
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 4:
+            raise AssertionError("generate() passes a 2-D mask")
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "create_causal_mask", looking)
+    reference, model = pair("llama")
+    vgc_transformers.breakable(model, batch_sizes=[2])
+    ids, mask = left_padded(2, 5)
+    want = reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, **GREEDY)
+    with fresh_counters.expect(cudagraph_replays=5, eager_runs=0):
+        got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, **GREEDY)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("options", [dict(num_beams=2, do_sample=False), dict(do_sample=True, top_k=20)],
                          ids=["beam-search", "sampling"])
 def test_beam_search_and_sampling_equal_eager(options, simulated_capture, fresh_counters):
@@ -95,11 +120,25 @@ def test_beam_search_and_sampling_equal_eager(options, simulated_capture, fresh_
 def test_forward_calls_outside_generate_run_eagerly(simulated_capture, fresh_counters):
     reference, model = pair("llama")
     vgc_transformers.breakable(model, batch_sizes=[1])
-    ids = torch.randint(1, 128, (1, 6))
+    ids, mask = left_padded(2, 6)
     with fresh_counters.expect(cudagraph_replays=0), torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=2e-5, atol=2e-5)
         torch.testing.assert_close(model(input_ids=ids, use_cache=False).logits,
                                    reference(input_ids=ids, use_cache=False).logits, rtol=2e-5, atol=2e-5)
+        # a positional mask pads as a keyword one does (real tokens' logits; padding rows attend anything)
+        torch.testing.assert_close(model(ids, mask).logits[mask.bool()], reference(ids, mask).logits[mask.bool()],
+                                   rtol=2e-5, atol=2e-5)
+
+
+def test_a_model_sharing_the_prepared_models_config_refuses_rather_than_ignore_padding():
+    """The attention implementation lives on the config: a second model built from the same config object gets
+    vgc's attention without vgc's router, which brings the padding mask. It raises, naming the fix."""
+    config = T.LlamaConfig(**TINY)
+    prepared, sharing = T.LlamaForCausalLM(config).eval(), T.LlamaForCausalLM(config).eval()
+    vgc_transformers.breakable(prepared, batch_sizes=[1], warmup=False)
+    ids, mask = left_padded(2, 6)
+    with pytest.raises(RuntimeError, match="same config object"), torch.no_grad():
+        sharing(input_ids=ids, attention_mask=mask)
 
 
 @pytest.mark.parametrize("kwargs, message", [

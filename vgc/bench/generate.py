@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import statistics
@@ -79,6 +80,8 @@ class _ForwardTimer:
     to return (launches only: nothing waits for the GPU); bypassed when `on` is False."""
 
     def __init__(self, fn):
+        # generate() reads the forward's signature to choose its keyword arguments: the timer shows fn's
+        functools.update_wrapper(self, fn, updated=())
         self.fn, self.on, self.events, self.host = fn, False, [], []
 
     def __call__(self, *args, **kwargs):

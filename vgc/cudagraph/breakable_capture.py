@@ -394,6 +394,13 @@ def _tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return found
 
 
+def _brief(value) -> str:
+    """A value for a message: a tensor by its shape, not its data."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return repr(value)
+
+
 def _has_mask(args: tuple) -> bool:
     index = args[1] if len(args) > 1 else None
     return any(x.dtype in (torch.bool, torch.uint8) for x in _tensors_in((index,), {}))
@@ -519,7 +526,7 @@ class _Entry:
         for name, leaf, value in self.constants:
             now = leaves[name][0][leaf]
             if not (now == value if isinstance(value, _PRIMITIVES) else now is value):
-                return f"{name} is {now!r}, captured as {value!r}"
+                return f"{name} is {_brief(now)}, captured as {_brief(value)}"
         return None
 
     def replay(self, padded: dict, arguments: dict):
@@ -568,11 +575,13 @@ class _Entry:
                        if (name, leaf) not in baked})
 
 
-def _capture_entry(model: Callable, bound: inspect.BoundArguments, dynamic: dict[str, int], pool,
-                   breaks: Breaks | None, module_breaks: list) -> tuple[_Entry, Any]:
-    """Capture one call in segments; returns the entry and the call's output (real values)."""
+def _capture_entry(model: Callable, bound: inspect.BoundArguments, defaults: dict[str, Any], dynamic: dict[str, int],
+                   pool, breaks: Breaks | None, module_breaks: list) -> tuple[_Entry, Any]:
+    """Capture one call in segments; returns the entry and the call's output (real values). The entry holds every
+    argument, `defaults` for those the call left out: a call that passes one is then not taken for this one."""
     inputs = {name: bound.arguments[name] for name in dynamic}
-    others = {name: _compat.tree_flatten(value) for name, value in bound.arguments.items() if name not in dynamic}
+    others = {name: _compat.tree_flatten(value) for name, value in {**defaults, **bound.arguments}.items()
+              if name not in dynamic}
     capture = _Capture(pool, breaks, inputs, {name: values for name, (values, _) in others.items()})
     methods = breaks.methods if breaks is not None else ()
     capture.watch_storage = bool(module_breaks or methods) and breaks is not None
@@ -630,6 +639,9 @@ class BreakableGraphs:
         self.model = model
         forward = model.forward if isinstance(model, torch.nn.Module) else model
         self._signature = inspect.signature(forward)
+        self._defaults = {name: {} if p.kind is p.VAR_KEYWORD else () if p.kind is p.VAR_POSITIONAL else p.default
+                          for name, p in self._signature.parameters.items()
+                          if p.default is not p.empty or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         if not isinstance(dynamic_arg_dims, dict) or not dynamic_arg_dims:
             raise ValueError("dynamic_arg_dims must name the tensor arguments whose size varies per call and the "
                              "dim that varies, e.g. {'input_ids': 0, 'positions': 0}; the first one is the call's size")
@@ -751,7 +763,7 @@ class BreakableGraphs:
         cuda_runtime.reset_peak_memory(device)
         key = size if breaks is not None else f"whole:{size}"
         try:
-            entry, out = _capture_entry(call, bound, self.dynamic, self._pool, breaks, module_breaks)
+            entry, out = _capture_entry(call, bound, self._defaults, self.dynamic, self._pool, breaks, module_breaks)
         except BreakableCaptureError:
             raise
         except torch.OutOfMemoryError as error:
@@ -798,7 +810,7 @@ class BreakableGraphs:
                                         for name, dim in self.dynamic.items()):
                 return self._eager(bound, None)
             inputs = self.static.pad_all(arguments, self.dynamic, padded - size)
-            leaves = entry.leaves_of(arguments)
+            leaves = entry.leaves_of({**self._defaults, **arguments})
             why = entry.mismatch(leaves, inputs)
             if why is not None:
                 return self._eager(bound, why)

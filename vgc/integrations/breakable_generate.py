@@ -53,8 +53,15 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     if attention_mask is not None:
         raise ValueError("vgc_breakable attention builds its own mask; a prepared 4-D attention_mask is not "
                          "supported (pass generate()'s 2-D mask)")
+    if PADDING_MASK not in kwargs:
+        # transformers built no mask for this attention: without the router's padding mask a padded row would
+        # attend to its padding, a wrong answer
+        raise RuntimeError("attn_implementation='vgc_breakable' runs only through the forward of a model prepared by "
+                           "vgc.integrations.transformers.breakable (it brings the padding mask). Was this model "
+                           "built from the same config object as the prepared one? Give each model its own config, "
+                           "or call the prepared model itself")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return torch.ops.vgc.causal_attention(query, key, value, kwargs.get(PADDING_MASK), scale), None
+    return torch.ops.vgc.causal_attention(query, key, value, kwargs[PADDING_MASK], scale), None
 
 
 AttentionInterface.register(ATTENTION, attention)
@@ -81,7 +88,9 @@ class BreakableDecode:
     def __init__(self, model: torch.nn.Module, batch_sizes: list[int], breaks=None):
         self.model = model
         self.forward = model.forward   # the model's own, bound
-        parameters = inspect.signature(self.forward).parameters
+        self._signature = inspect.signature(self.forward)
+        parameters = self._signature.parameters
+        self._var_keyword = next((name for name, p in parameters.items() if p.kind is p.VAR_KEYWORD), None)
         self.cache_name = "cache" if "cache" in parameters else "past_key_values"
         self.graphs = BreakableGraphs(self.forward, dynamic_arg_dims={"input_ids": 0, "position_ids": 0},
                                       capture_sizes=list(batch_sizes),
@@ -91,11 +100,12 @@ class BreakableDecode:
         self.eager_calls = 0
 
     def __call__(self, *args, **kwargs):
-        if args:   # generate() passes keywords; a positional call is the user's own: eagerly
-            return self._eager(*args, **kwargs)
+        if args:   # generate() passes keywords; a user's own call may not
+            kwargs = self._keywords(args, kwargs)
         mask = kwargs.get("attention_mask")
-        if mask is not None:   # bool once per step, not once per layer
-            kwargs[PADDING_MASK] = mask.to(torch.bool)
+        # bool once per step, not once per layer; None (no padding) travels too: it tells the attention that the
+        # call came through here
+        kwargs[PADDING_MASK] = mask.to(torch.bool) if mask is not None else None
         batch = self._decode_batch(kwargs)
         if batch is None:
             return self._eager(**kwargs)
@@ -103,6 +113,10 @@ class BreakableDecode:
             cache = kwargs[self.cache_name]
             kwargs[PADDING_MASK] = torch.ones(batch, cache.get_seq_length() + 1, dtype=torch.bool,
                                               device=kwargs["input_ids"].device)
+        # The op reads the mask under PADDING_MASK; the forward itself gets none. Some transformers versions look at
+        # a given mask's shape before finding that the attention needs no prepared mask: a read inside a segment,
+        # which would tie every replay to the captured mask (one token longer each step, so none would replay).
+        kwargs["attention_mask"] = None
         if kwargs["position_ids"].shape[0] != batch:   # [1, 1] when generate() had no mask: the same positions
             kwargs["position_ids"] = kwargs["position_ids"].expand(batch, -1)
         if batch in self.graphs.graphs:
@@ -113,6 +127,12 @@ class BreakableDecode:
                 return self._eager(**kwargs)
             return self.graphs.capture(**kwargs)
         return self._eager(**kwargs)
+
+    def _keywords(self, args: tuple, kwargs: dict) -> dict:
+        bound = self._signature.bind(*args, **kwargs)
+        keywords = dict(bound.arguments)
+        keywords.update(keywords.pop(self._var_keyword, None) or {})
+        return keywords
 
     def _decode_batch(self, kwargs: dict) -> int | None:
         """The batch size of a decode step vgc serves (one new token per row, generate()'s DynamicCache holding
