@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# SDPA's choices on a GPU, without cuDNN's attention (its first choice on Hopper): cuDNN builds a plan for each new
+# shape, milliseconds of host time, and a dynamic cache brings a new KV length at every step of every request
+# (benchmarks/device/sdpa_decode_backends.py). None: SDPA's own choice.
+BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @torch.library.custom_op("vgc::causal_attention", mutates_args=())
@@ -27,21 +33,28 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         # become that head's queries, so grouped heads read the cache in place rather than a repeated copy of it.
         mask = None if padding_mask is None else padding_mask.to(torch.bool)[:, None, None, :]
         grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-        out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
+        out = _sdpa(grouped, key, value, attn_mask=mask, scale=scale)
         return out.reshape(batch, 1, heads, dim)
     if heads != kv_heads:
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
     if padding_mask is None and q == kv:
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
+        out = _sdpa(query, key, value, is_causal=True, scale=scale)
     else:
         positions = torch.arange(kv, device=query.device)
         allowed = positions[None, :] <= positions[kv - q:, None]                 # [q, kv]
         if padding_mask is not None:
             allowed = allowed[None] & padding_mask.to(torch.bool)[:, None, :]     # [batch, q, kv]
         allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed.unsqueeze(-3), scale=scale)
+        out = _sdpa(query, key, value, attn_mask=allowed.unsqueeze(-3), scale=scale)
     return out.transpose(1, 2).contiguous()
+
+
+def _sdpa(query, key, value, **options):
+    if BACKENDS is None or not query.is_cuda:
+        return F.scaled_dot_product_attention(query, key, value, **options)
+    with sdpa_kernel(BACKENDS):
+        return F.scaled_dot_product_attention(query, key, value, **options)
 
 
 @causal_attention.register_fake
