@@ -3,6 +3,7 @@ prompt length no earlier one had (so every decode step meets a KV length for the
 with vgc::causal_attention's SDPA free to pick cuDNN and without it. Alternating A, B, A, B; ms per new token.
 
 usage: PYTHONPATH=. python benchmarks/device/breakable_fresh_lengths.py OUT_DIR"""
+import importlib
 import json
 import statistics
 import sys
@@ -12,7 +13,8 @@ import torch
 
 from vgc.bench.generate import _build, _shape
 from vgc.integrations import transformers as vgc_transformers
-from vgc.ops import causal_attention as op
+
+op = importlib.import_module("vgc.ops.causal_attention")   # the module (vgc.ops.causal_attention is the op)
 
 out = sys.argv[1]
 SIDES = {"cuDNN allowed": None, "no cuDNN (vgc default)": op.BACKENDS}

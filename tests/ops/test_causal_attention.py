@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from vgc.ops import causal_attention  # noqa: F401  (registers torch.ops.vgc.causal_attention)
+from vgc.ops.causal_attention import padding_bias
 
 
 def written_out(query, key, value, padding_mask, scale):
@@ -21,9 +22,10 @@ def written_out(query, key, value, padding_mask, scale):
     return out
 
 
-@pytest.mark.parametrize("q, kv, masked", [(1, 1, False), (1, 9, False), (1, 9, True), (5, 5, False), (5, 5, True),
-                                           (3, 11, True)], ids=["first", "decode", "decode-padded", "prefill",
-                                                                "prefill-padded", "chunk-padded"])
+@pytest.mark.parametrize("q, kv, masked", [(1, 1, None), (1, 9, None), (1, 9, "2-D"), (1, 9, "bias"), (1, 21, "bias"),
+                                           (5, 5, None), (5, 5, "2-D"), (5, 5, "bias"), (3, 11, "2-D")],
+                         ids=["first", "decode", "decode-padded", "decode-bias", "decode-bias-long", "prefill",
+                              "prefill-padded", "prefill-bias", "chunk-padded"])
 def test_equals_attention_written_out(q, kv, masked):
     torch.manual_seed(0)
     query, key, value = torch.randn(2, 4, q, 8), torch.randn(2, 2, kv, 8), torch.randn(2, 2, kv, 8)
@@ -31,7 +33,8 @@ def test_equals_attention_written_out(q, kv, masked):
     if masked:
         mask = torch.ones(2, kv, dtype=torch.long)
         mask[1, :2] = 0   # left padding
-    got = torch.ops.vgc.causal_attention(query, key, value, mask, 0.3)
+    given = padding_bias(mask, query.dtype) if masked == "bias" else mask
+    got = torch.ops.vgc.causal_attention(query, key, value, given, 0.3)
     torch.testing.assert_close(got.double(), written_out(query, key, value, mask, 0.3), atol=1e-5, rtol=1e-5)
 
 
@@ -40,9 +43,17 @@ def test_equals_attention_written_out(q, kv, masked):
     (((1, 4, 5, 8), (1, 2, 4, 8)), None, "the keys must include the queries' own"),
     (((1, 4, 1, 8), (1, 2, 4, 8)), (1, 3), r"padding_mask must be \[batch, kv\]"),
     (((4, 1, 8), (1, 2, 4, 8)), None, r"query must be \[batch, heads, q, dim\]"),
+    (((1, 4, 1, 8), (1, 2, 4, 8)), (1, 4), r"additive bias in the queries' dtype torch.float32, got torch.float64"),
 ])
 def test_bad_shapes_name_the_problem(shapes, mask_shape, message):
     (qs, ks) = shapes
-    mask = torch.ones(mask_shape) if mask_shape else None
+    mask = torch.ones(mask_shape, dtype=torch.float64) if mask_shape else None
     with pytest.raises(ValueError, match=message):
         torch.ops.vgc.causal_attention(torch.randn(qs), torch.randn(ks), torch.randn(ks), mask, 1.0)
+
+
+def test_padding_bias_rows_are_aligned_for_the_memory_efficient_kernel():
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    bias = padding_bias(mask, torch.bfloat16)
+    assert bias.dtype == torch.bfloat16 and bias.shape == (2, 3) and bias.stride() == (16, 1)
+    assert bias.tolist() == [[float("-inf"), 0.0, 0.0], [0.0, 0.0, 0.0]]

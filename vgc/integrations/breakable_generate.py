@@ -13,7 +13,7 @@ eagerly at every replay on this step's objects:
   "vgc_breakable") and switches the model to it. With no mask function registered under that name, transformers
   builds no mask in the forward (that would read the cache's length and the padding mask in a segment); the op
   builds the causal and padding mask itself, from this step's shapes and generate()'s 2-D attention mask, which
-  travels to it as a keyword argument.
+  travels to it as a keyword argument (at a decode step, as the additive bias the router makes once per step).
 
 Prefill, and steps of batch sizes not captured, run the same forward eagerly. Sampling, stopping and the rest stay
 generate()'s own.
@@ -32,6 +32,7 @@ import torch
 
 from vgc.cudagraph.breakable_capture import BreakableGraphs, DEFAULT_BREAKS
 from vgc.ops import causal_attention
+from vgc.ops.causal_attention import padding_bias
 
 try:
     from transformers import AttentionInterface
@@ -88,6 +89,7 @@ class BreakableDecode:
     def __init__(self, model: torch.nn.Module, batch_sizes: list[int], breaks=None):
         self.model = model
         self.forward = model.forward   # the model's own, bound
+        self.dtype = model.dtype          # the attention's queries'
         self._signature = inspect.signature(self.forward)
         parameters = self._signature.parameters
         self._var_keyword = next((name for name, p in parameters.items() if p.kind is p.VAR_KEYWORD), None)
@@ -103,16 +105,17 @@ class BreakableDecode:
         if args:   # generate() passes keywords; a user's own call may not
             kwargs = self._keywords(args, kwargs)
         mask = kwargs.get("attention_mask")
-        # bool once per step, not once per layer; None (no padding) travels too: it tells the attention that the
-        # call came through here
-        kwargs[PADDING_MASK] = mask.to(torch.bool) if mask is not None else None
         batch = self._decode_batch(kwargs)
         if batch is None:
+            # bool once per call, not once per layer; None (no padding) travels too: it tells the attention that
+            # the call came through here
+            kwargs[PADDING_MASK] = mask.to(torch.bool) if mask is not None else None
             return self._eager(**kwargs)
         if mask is None:   # every step of every capture hands the op a mask, so one capture serves with or without
-            cache = kwargs[self.cache_name]
-            kwargs[PADDING_MASK] = torch.ones(batch, cache.get_seq_length() + 1, dtype=torch.bool,
-                                              device=kwargs["input_ids"].device)
+            mask = torch.ones(batch, kwargs[self.cache_name].get_seq_length() + 1, dtype=torch.bool,
+                              device=kwargs["input_ids"].device)
+        # the additive bias, once per step for every layer
+        kwargs[PADDING_MASK] = padding_bias(mask, self.dtype)
         # The op reads the mask under PADDING_MASK; the forward itself gets none. Some transformers versions look at
         # a given mask's shape before finding that the attention needs no prepared mask: a read inside a segment,
         # which would tie every replay to the captured mask (one token longer each step, so none would replay).

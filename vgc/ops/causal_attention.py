@@ -1,9 +1,12 @@
 """`vgc::causal_attention`: causal attention of a batch of padded sequences against their whole KV so far.
 
 The shape transformers' models attend in: queries [batch, heads, q, dim], keys and values [batch, kv_heads, kv,
-dim] (the cache's, new tokens last), an optional padding mask [batch, kv] (nonzero = a real token) as generate()
-keeps it (bool saves a conversion per call). The mask is built here, from the shapes of this call, so a caller that runs this op eagerly between captured
-segments (breakable CUDA graphs) serves every KV length with one capture.
+dim] (the cache's, new tokens last), an optional padding mask [batch, kv]: bool (True = a real token) as generate()
+keeps it, or its additive bias (0 = real, -inf = padding, the queries' dtype) from `padding_bias`, which a caller
+makes once per step for every layer: on a GPU, SDPA would otherwise turn a bool mask into a bias, and pad it for
+its memory-efficient kernel, in every layer. The causal mask is built here, from the shapes of this call, so a
+caller that runs this op eagerly between captured segments (breakable CUDA graphs) serves every KV length with one
+capture.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # SDPA's choices on a GPU, without cuDNN's attention (its first choice on Hopper): cuDNN builds a plan for each new
-# shape, milliseconds of host time, and a dynamic cache brings a new KV length at every step of every request
+# shape, and a dynamic cache brings a new KV length at every step of every request. H200, one decode attention of
+# llama_1b's shapes at a new KV length: 68 ms of host time with cuDNN, 0.17 ms without
 # (benchmarks/device/sdpa_decode_backends.py). None: SDPA's own choice.
 BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_ALIGN = 16   # elements: a bias row stride SDPA's memory-efficient kernel takes as it is
 
 
 @torch.library.custom_op("vgc::causal_attention", mutates_args=())
@@ -27,11 +32,19 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     _check(query, key, value, padding_mask)
     batch, heads, q, dim = query.shape
     kv_heads, kv = key.shape[1], key.shape[2]
+    if padding_mask is not None and padding_mask.is_floating_point() and q > 1:
+        padding_mask = padding_mask == 0
     if q == 1:
-        # A decode step: every key is in its past, so padding is all the mask says (a view, no kernel, when the
-        # mask is bool already; the step's own token is real, so no row is empty). The heads that share a KV head
-        # become that head's queries, so grouped heads read the cache in place rather than a repeated copy of it.
-        mask = None if padding_mask is None else padding_mask.to(torch.bool)[:, None, None, :]
+        # A decode step: every key is in its past, so padding is all the mask says (a view, no kernel; the step's
+        # own token is real, so no row is empty). The heads that share a KV head become that head's queries, so
+        # grouped heads read the cache in place rather than a repeated copy of it.
+        mask = None
+        if padding_mask is not None and padding_mask.is_floating_point():
+            # [batch, 1, 1, kv] keeping the rows' stride for every leading dim: aligned as padding_bias made it
+            row = padding_mask.stride(0)
+            mask = padding_mask.as_strided((batch, 1, 1, kv), (row, row, row, padding_mask.stride(1)))
+        elif padding_mask is not None:
+            mask = padding_mask.to(torch.bool)[:, None, None, :]
         grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
         out = _sdpa(grouped, key, value, attn_mask=mask, scale=scale)
         return out.reshape(batch, 1, heads, dim)
@@ -48,6 +61,14 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
         out = _sdpa(query, key, value, attn_mask=allowed.unsqueeze(-3), scale=scale)
     return out.transpose(1, 2).contiguous()
+
+
+def padding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of a [batch, kv] padding mask (nonzero = real) for `causal_attention`: [batch, kv] of 0 and
+    -inf in `dtype`, its rows a multiple of 16 elements apart."""
+    batch, kv = mask.shape
+    bias = torch.zeros(batch, kv + (-kv % _ALIGN), dtype=dtype, device=mask.device)[:, :kv]
+    return bias.masked_fill_(mask.logical_not(), float("-inf"))
 
 
 def _sdpa(query, key, value, **options):
@@ -76,3 +97,6 @@ def _check(query, key, value, padding_mask) -> None:
         fail(f"{query.shape[2]} queries but only {key.shape[2]} keys: the keys must include the queries' own")
     if padding_mask is not None and tuple(padding_mask.shape) != (key.shape[0], key.shape[2]):
         fail(f"padding_mask must be [batch, kv] = {(key.shape[0], key.shape[2])}, got {tuple(padding_mask.shape)}")
+    if padding_mask is not None and padding_mask.is_floating_point() and padding_mask.dtype != query.dtype:
+        fail(f"a float padding_mask is an additive bias in the queries' dtype {query.dtype}, got "
+             f"{padding_mask.dtype} (padding_bias(mask, query.dtype) makes one)")
