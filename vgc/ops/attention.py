@@ -35,10 +35,10 @@ import contextvars
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from vgc import cuda_runtime  # module attribute: tests substitute it
 from vgc.ops import triton_attention
+from vgc.ops.sdpa import sdpa
 
 __all__ = ["attention", "reference_attention"]
 
@@ -282,8 +282,7 @@ def _attend_sdpa(q, k, v, scale):
 def _sdpa(q, k, v, mask, causal, scale):
     """SDPA over [B, H, L, D] with grouped K/V heads (enable_gqa: no repeated K/V is materialised)."""
     k, v = k.to(q.dtype), v.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                          enable_gqa=True)
+    return sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
 
 
 def _check_args(output, query, key, value, key_cache, value_cache,

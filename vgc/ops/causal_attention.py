@@ -12,14 +12,9 @@ capture.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# SDPA's choices on a GPU, without cuDNN's attention (its first choice on Hopper): cuDNN builds a plan for each new
-# shape, and a dynamic cache brings a new KV length at every step of every request. H200, one decode attention of
-# llama_1b's shapes at a new KV length: 68 ms of host time with cuDNN, 0.17 ms without
-# (benchmarks/device/sdpa_decode_backends.py). None: SDPA's own choice.
-BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+from vgc.ops.sdpa import sdpa
+
 _ALIGN = 16   # elements: a bias row stride SDPA's memory-efficient kernel takes as it is
 
 
@@ -46,20 +41,20 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         elif padding_mask is not None:
             mask = padding_mask.to(torch.bool)[:, None, None, :]
         grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-        out = _sdpa(grouped, key, value, attn_mask=mask, scale=scale)
+        out = sdpa(grouped, key, value, attn_mask=mask, scale=scale)
         return out.reshape(batch, 1, heads, dim)
     if heads != kv_heads:
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
     if padding_mask is None and q == kv:
-        out = _sdpa(query, key, value, is_causal=True, scale=scale)
+        out = sdpa(query, key, value, is_causal=True, scale=scale)
     else:
         positions = torch.arange(kv, device=query.device)
         allowed = positions[None, :] <= positions[kv - q:, None]                 # [q, kv]
         if padding_mask is not None:
             allowed = allowed[None] & padding_mask.to(torch.bool)[:, None, :]     # [batch, q, kv]
         allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
-        out = _sdpa(query, key, value, attn_mask=allowed.unsqueeze(-3), scale=scale)
+        out = sdpa(query, key, value, attn_mask=allowed.unsqueeze(-3), scale=scale)
     return out.transpose(1, 2).contiguous()
 
 
@@ -69,13 +64,6 @@ def padding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     batch, kv = mask.shape
     bias = torch.zeros(batch, kv + (-kv % _ALIGN), dtype=dtype, device=mask.device)[:, :kv]
     return bias.masked_fill_(mask.logical_not(), float("-inf"))
-
-
-def _sdpa(query, key, value, **options):
-    if BACKENDS is None or not query.is_cuda:
-        return F.scaled_dot_product_attention(query, key, value, **options)
-    with sdpa_kernel(BACKENDS):
-        return F.scaled_dot_product_attention(query, key, value, **options)
 
 
 @causal_attention.register_fake

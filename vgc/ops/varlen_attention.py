@@ -17,9 +17,9 @@ on the device (no host sync: capturable in a CUDA graph); elsewhere it attends s
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from vgc import _compat
+from vgc.ops.sdpa import sdpa
 
 __all__ = ["varlen_attention", "reference_varlen_attention"]
 
@@ -50,7 +50,7 @@ def reference_varlen_attention(query, key, value, cu_seqlens, scale: float) -> t
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
             q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))   # [H, L, D]
-            output[start:end] = F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
+            output[start:end] = sdpa(q, k, v, scale=scale).transpose(0, 1)
     return output
 
 
