@@ -107,10 +107,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="vgc.compile with Inductor pieces (default) or eager pieces (piece_backend='eager'), or "
                              "breakable graphs (vgc.cudagraph.breakable: no Dynamo, no Inductor, nothing cached; "
                              "needs CUDA and a cudagraph mode)")
-    parser.add_argument("--warm-runs", type=int, default=2)
+    parser.add_argument("--warm-runs", type=int, default=2, help="warm starts after the cold one (0: the cold "
+                        "start only)")
     parser.add_argument("--no-bundle", action="store_true", help="skip the bundle row (pack, unpack, start)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
+    if args.warm_runs < 0:
+        parser.error(f"--warm-runs must be 0 or more, got {args.warm_runs}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model_name = args.model or ("llama_1b" if device == "cuda" else "tiny")
     root = tempfile.mkdtemp(prefix="vgc-bench-startup-")
@@ -127,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  TORCHINDUCTOR_CACHE_DIR={os.path.join(cache_dirs(root)['VGC_CACHE_ROOT'], 'inductor_cache')}")
     cold = _run_child(model_name, device, args.cudagraph_mode, root, args.strategy)
     warms = [_run_child(model_name, device, args.cudagraph_mode, root, args.strategy) for _ in range(args.warm_runs)]
-    warm = min(warms, key=lambda r: r["warmup_s"])
+    warm = min(warms, key=lambda r: r["warmup_s"]) if warms else None
     rows = [("cold", cold)] + [(f"warm {i + 1}", r) for i, r in enumerate(warms)]
-    deployment = None if args.no_bundle or args.strategy == "breakable" else \
+    deployment = None if args.no_bundle or args.strategy == "breakable" or warm is None else \
         _deploy(model_name, device, args.cudagraph_mode, root, args.strategy)
     if deployment is not None:
         rows.append(("bundle", deployment["run"]))
@@ -143,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bundle: {deployment['mib']:.1f} MiB, packed in {deployment['pack_s']:.2f} s, unpacked under a new "
               f"root in {deployment['unpack_s']:.2f} s")
     no_capture = lambda r: r["warmup_s"] - r["capture_s"]  # noqa: E731
-    first_output = warm["first_output_s"] / cold["first_output_s"]
-    if no_capture(cold) > 0:   # breakable graphs: warmup() is all capture
+    if warm is not None and no_capture(cold) > 0:   # breakable graphs: warmup() is all capture
+        first_output = warm["first_output_s"] / cold["first_output_s"]
         print(f"best warm / cold: warmup() without capture {no_capture(warm):.2f} s / {no_capture(cold):.2f} s = "
               f"{no_capture(warm) / no_capture(cold):.1%}; first output {first_output:.1%}")
     if args.json:
