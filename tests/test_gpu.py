@@ -387,3 +387,25 @@ def test_breakable_unmodified_hugging_face_llama(fresh_counters):
             ids = torch.randint(128, (1, n), device="cuda")
             out = graphs(input_ids=ids, use_cache=False).last_hidden_state
             torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)
+
+
+def test_vgc_attention_ops_keep_sdpa_off_cudnn():
+    """cuDNN's attention builds a plan per new shape (tens of ms of host time on the H200): vgc's ops switch it off
+    for their own SDPA calls only, and switch it back on."""
+    from vgc.ops import causal_attention  # noqa: F401  (registers the op)
+    from vgc.ops.causal_attention import padding_bias
+
+    torch.manual_seed(0)
+    query = torch.randn(2, 32, 1, 64, device="cuda", dtype=torch.bfloat16)
+    key, value = (torch.randn(2, 8, 37, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    mask = torch.ones(2, 37, dtype=torch.bool, device="cuda")
+    mask[1, :5] = False
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        outs = [torch.ops.vgc.causal_attention(query, key, value, given, 0.125)
+                for given in (mask, padding_bias(mask, torch.bfloat16))]
+        torch.cuda.synchronize()
+    names = {event.key for event in prof.key_averages()}
+    assert not any("cudnn" in name for name in names), sorted(names)
+    assert torch.backends.cuda.cudnn_sdp_enabled()   # the user's setting, as it was
+    torch.testing.assert_close(outs[1], outs[0], **BF16_TOL)   # the bias means what the bool mask means
