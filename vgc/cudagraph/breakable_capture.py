@@ -508,8 +508,11 @@ class _Entry:
     segments: int
     breaks: int
 
-    def leaves_of(self, arguments: dict) -> dict[str, tuple[list, Any]]:
-        return {name: _compat.tree_flatten(arguments[name]) for name in self.specs}
+    def leaves_of(self, arguments: dict, defaults: dict[str, tuple[list, Any]]) -> dict[str, tuple[list, Any]]:
+        """Every argument's leaves and structure: flattened from the call, or `defaults`' (flattened once) for
+        one the call left out."""
+        return {name: _compat.tree_flatten(arguments[name]) if name in arguments else defaults[name]
+                for name in self.specs}
 
     def mismatch(self, leaves: dict, padded: dict) -> str | None:
         """Why this call (its arguments' `leaves_of`) cannot replay the entry (a baked-in extent, address, value
@@ -642,6 +645,7 @@ class BreakableGraphs:
         self._defaults = {name: {} if p.kind is p.VAR_KEYWORD else () if p.kind is p.VAR_POSITIONAL else p.default
                           for name, p in self._signature.parameters.items()
                           if p.default is not p.empty or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        self._default_leaves = {name: _compat.tree_flatten(value) for name, value in self._defaults.items()}
         if not isinstance(dynamic_arg_dims, dict) or not dynamic_arg_dims:
             raise ValueError("dynamic_arg_dims must name the tensor arguments whose size varies per call and the "
                              "dim that varies, e.g. {'input_ids': 0, 'positions': 0}; the first one is the call's size")
@@ -810,7 +814,7 @@ class BreakableGraphs:
                                         for name, dim in self.dynamic.items()):
                 return self._eager(bound, None)
             inputs = self.static.pad_all(arguments, self.dynamic, padded - size)
-            leaves = entry.leaves_of({**self._defaults, **arguments})
+            leaves = entry.leaves_of(arguments, self._default_leaves)
             why = entry.mismatch(leaves, inputs)
             if why is not None:
                 return self._eager(bound, why)
