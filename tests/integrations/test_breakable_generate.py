@@ -101,6 +101,46 @@ def test_decode_steps_replay_when_mask_preparation_looks_at_the_mask(simulated_c
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+SLIDING = {   # a window of 4 tokens: prompts of 6 and 7 new tokens attend past it
+    "mistral": (T.MistralConfig, T.MistralForCausalLM, {"sliding_window": 4}),
+    "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
+               {"head_dim": 16, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}),
+}
+
+
+@pytest.mark.parametrize("family", SLIDING)
+def test_sliding_window_models_equal_eager(family, simulated_capture, fresh_counters):
+    """transformers passes each layer's sliding window to the attention, and a sliding layer's cache keeps only its
+    last tokens: the op attends over the window, the padding mask's last columns matching the kept keys."""
+    config_cls, model_cls, extra = SLIDING[family]
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(model_cls(config_cls(**TINY, **extra)).eval())
+    reference, model = models
+    ids, mask = left_padded(2, 6)
+    want = reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, **GREEDY)
+    vgc_transformers.breakable(model, batch_sizes=[2])
+    with fresh_counters.expect(cudagraph_replays=7, eager_runs=0):
+        got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, **GREEDY)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("config_cls, model_cls, extra, message", [
+    (T.Gemma2Config, T.Gemma2ForCausalLM, {"head_dim": 16, "attn_implementation": "eager"},
+     "soft-caps its attention logits"),
+    (T.GptOssConfig, T.GptOssForCausalLM, {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                           "layer_types": ["full_attention", "full_attention"],
+                                           "attn_implementation": "eager"},   # transformers' SDPA refuses sinks
+     "attention sinks"),
+], ids=["gemma2-softcap", "gpt-oss-sinks"])
+def test_attention_the_op_does_not_compute_is_refused_at_prepare(config_cls, model_cls, extra, message):
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**TINY, **extra})).eval()
+    with pytest.raises(ValueError, match=message):
+        vgc_transformers.breakable(model, batch_sizes=[1])
+
+
 @pytest.mark.parametrize("options", [dict(num_beams=2, do_sample=False), dict(do_sample=True, top_k=20)],
                          ids=["beam-search", "sampling"])
 def test_beam_search_and_sampling_equal_eager(options, simulated_capture, fresh_counters):

@@ -148,6 +148,11 @@ def test_unsupported_attention_is_refused_before_anything_is_allocated():
     mistral = transformers.MistralForCausalLM(transformers.MistralConfig(**_COMMON, sliding_window=32))
     with pytest.raises(ValueError, match="sliding window of 32 tokens.*max_cache_len <= 32"):
         vgc_transformers.compile(mistral, max_cache_len=64)
+    gpt_oss = transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        **{**_COMMON, "attn_implementation": "eager"}, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        layer_types=["full_attention"] * _COMMON["num_hidden_layers"]))
+    with pytest.raises(ValueError, match=r"attention sinks .*backend='vgc'"):
+        vgc_transformers.compile(gpt_oss)
     with pytest.raises(ValueError, match="max_batch_size must be a positive int, got 0"):
         vgc_transformers.compile(transformers.LlamaForCausalLM(transformers.LlamaConfig(**_COMMON)),
                                  max_batch_size=0)

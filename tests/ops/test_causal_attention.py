@@ -7,14 +7,15 @@ from vgc.ops import causal_attention  # noqa: F401  (registers torch.ops.vgc.cau
 from vgc.ops.causal_attention import padding_bias
 
 
-def written_out(query, key, value, padding_mask, scale):
+def written_out(query, key, value, padding_mask, scale, window=None):
     batch, heads, q, dim = query.shape
     kv, group = key.shape[2], heads // key.shape[1]
     out = torch.zeros(batch, q, heads, dim, dtype=torch.float64)
     for b in range(batch):
         for h in range(heads):
             for i in range(q):
-                allowed = [j for j in range(kv) if j <= kv - q + i and (padding_mask is None or padding_mask[b, j])]
+                allowed = [j for j in range(kv) if j <= kv - q + i and (padding_mask is None or padding_mask[b, j])
+                           and (window is None or j > kv - q + i - window)]
                 allowed = allowed or list(range(kv))   # a padding row attends to all (its output is unused)
                 k, v = key[b, h // group, allowed].double(), value[b, h // group, allowed].double()
                 weights = torch.softmax(k @ query[b, h, i].double() * scale, dim=0)
@@ -57,3 +58,29 @@ def test_padding_bias_rows_are_aligned_for_the_memory_efficient_kernel():
     bias = padding_bias(mask, torch.bfloat16)
     assert bias.dtype == torch.bfloat16 and bias.shape == (2, 3) and bias.stride() == (16, 1)
     assert bias.tolist() == [[float("-inf"), 0.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("q, kv, window, bias", [(1, 9, 4, False), (1, 9, 4, True), (1, 3, 4, False),
+                                                 (7, 7, 3, False), (3, 11, 5, True)],
+                         ids=["decode", "decode-bias", "decode-within", "prefill", "chunk-bias"])
+def test_sliding_window_equals_attention_written_out(q, kv, window, bias):
+    """Each query sees itself and the window - 1 keys before it (transformers' sliding_window), padding too."""
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 4, q, 8), torch.randn(2, 2, kv, 8), torch.randn(2, 2, kv, 8)
+    mask = torch.ones(2, kv, dtype=torch.bool)
+    mask[1, :2] = False
+    given = padding_bias(mask, query.dtype) if bias else mask
+    got = torch.ops.vgc.causal_attention(query, key, value, given, 0.3, window)
+    torch.testing.assert_close(got.double(), written_out(query, key, value, mask, 0.3, window), atol=1e-5, rtol=1e-5)
+
+
+def test_a_longer_padding_mask_covers_tokens_the_cache_dropped():
+    """A sliding-window cache keeps the last kv tokens; generate()'s mask covers all: its last kv columns count."""
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, :6] = False   # padding that reaches into the kept tokens
+    for given in (mask, padding_bias(mask, query.dtype)):
+        got = torch.ops.vgc.causal_attention(query, key, value, given, 0.3, 5)
+        torch.testing.assert_close(got.double(), written_out(query, key, value, mask[:, -5:], 0.3), atol=1e-5,
+                                   rtol=1e-5)

@@ -47,8 +47,14 @@ PADDING_MASK = "vgc_padding_mask"   # the keyword under which generate()'s 2-D m
 _DUMMY_PROMPT = 4                   # tokens of each warm-up generate()'s prompt
 
 
-def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+              sliding_window=None, s_aux=None, **kwargs):
     """transformers' attention interface: [batch, heads, q, dim] queries against the cache's keys and values."""
+    if softcap is not None or s_aux is not None:
+        what = f"soft-caps its attention logits (softcap={softcap})" if softcap is not None else \
+            "adds attention sinks to its softmax (s_aux)"
+        raise ValueError(f"{type(module).__name__} {what}, which vgc::causal_attention does not implement; serve "
+                         "this model eagerly or with torch.compile")
     if dropout:
         raise ValueError("vgc_breakable attention serves inference only (dropout must be 0: call model.eval())")
     if attention_mask is not None:
@@ -62,7 +68,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                            "built from the same config object as the prepared one? Give each model its own config, "
                            "or call the prepared model itself")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return torch.ops.vgc.causal_attention(query, key, value, kwargs[PADDING_MASK], scale), None
+    return torch.ops.vgc.causal_attention(query, key, value, kwargs[PADDING_MASK], scale, sliding_window), None
 
 
 AttentionInterface.register(ATTENTION, attention)

@@ -70,7 +70,7 @@ def _is_decode(batch: dict) -> bool:
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
-              sliding_window=None, **kwargs):
+              sliding_window=None, s_aux=None, **kwargs):
     """transformers' attention interface over vgc's paged cache: query [1, H, N, D], key/value [1, Hkv, N, D] are
     the flat batch's new tokens; returns [1, N, H, D]. `attention_mask` is None (no mask function is registered
     for "vgc"): the lengths in the flat batch say what each token sees."""
@@ -78,10 +78,11 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     if batch is None:
         raise RuntimeError("attn_implementation='vgc' runs only inside a model prepared by "
                            "vgc.integrations.transformers.compile(model); call that model's generate() or forward")
-    if softcap is not None:
-        raise ValueError(f"{type(module).__name__} soft-caps its attention logits (softcap={softcap}), which "
-                         "vgc::attention does not implement; serve this model with torch.compile(model.forward, "
-                         "backend='vgc') instead")
+    if softcap is not None or s_aux is not None:
+        what = f"soft-caps its attention logits (softcap={softcap})" if softcap is not None else \
+            "adds attention sinks to its softmax (s_aux)"
+        raise ValueError(f"{type(module).__name__} {what}, which vgc::attention does not implement; serve this "
+                         "model with torch.compile(model.forward, backend='vgc') instead")
     if sliding_window is not None and sliding_window < batch["max_len"]:
         raise ValueError(f"{type(module).__name__} attends over a sliding window of {sliding_window} tokens, which "
                          f"vgc::attention does not implement; pass max_cache_len <= {sliding_window} (then the "
@@ -506,6 +507,10 @@ def _check_supported(model: torch.nn.Module, text, max_cache_len: int) -> None:
     softcap = getattr(text, "attn_logit_softcapping", None)
     if softcap is not None:
         raise ValueError(f"{name} soft-caps its attention logits (attn_logit_softcapping={softcap}), which "
+                         "vgc::attention does not implement; serve it with torch.compile(model.forward, "
+                         "backend='vgc') instead")
+    if any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()):
+        raise ValueError(f"{name} adds attention sinks to its softmax (its attention modules' `sinks`), which "
                          "vgc::attention does not implement; serve it with torch.compile(model.forward, "
                          "backend='vgc') instead")
     window = getattr(text, "sliding_window", None)

@@ -20,15 +20,23 @@ _ALIGN = 16   # elements: a bias row stride SDPA's memory-efficient kernel takes
 
 @torch.library.custom_op("vgc::causal_attention", mutates_args=())
 def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, padding_mask: torch.Tensor | None,
-                     scale: float) -> torch.Tensor:
+                     scale: float, window: int | None = None) -> torch.Tensor:
     """[batch, heads, q, dim] queries, the last q of kv positions, against keys/values [batch, kv_heads, kv, dim];
-    returns [batch, q, heads, dim]. A query row with no key to attend (a left-padding token) attends to all: its
-    output is finite and unused."""
-    _check(query, key, value, padding_mask)
+    returns [batch, q, heads, dim]. `window`: a sliding window, each query seeing itself and the window - 1 keys
+    before it (transformers' `sliding_window`). A padding mask longer than kv covers tokens a sliding-window cache
+    no longer keeps: its last kv columns are the keys'. A query row with no key to attend (a left-padding token)
+    attends to all: its output is finite and unused."""
+    _check(query, key, value, padding_mask, window)
     batch, heads, q, dim = query.shape
     kv_heads, kv = key.shape[1], key.shape[2]
+    if padding_mask is not None and padding_mask.shape[1] > kv:
+        padding_mask = padding_mask[:, -kv:]
     if padding_mask is not None and padding_mask.is_floating_point() and q > 1:
         padding_mask = padding_mask == 0
+    if q == 1 and window is not None and kv > window:   # keys before the window: out of sight, sliced off (views)
+        key, value = key[:, :, kv - window:], value[:, :, kv - window:]
+        padding_mask = None if padding_mask is None else padding_mask[:, kv - window:]
+        kv = window
     if q == 1:
         # A decode step: every key is in its past, so padding is all the mask says (a view, no kernel; the step's
         # own token is real, so no row is empty). The heads that share a KV head become that head's queries, so
@@ -46,11 +54,13 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if heads != kv_heads:
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
-    if padding_mask is None and q == kv:
+    if padding_mask is None and q == kv and (window is None or window >= kv):
         out = sdpa(query, key, value, is_causal=True, scale=scale)
     else:
         positions = torch.arange(kv, device=query.device)
         allowed = positions[None, :] <= positions[kv - q:, None]                 # [q, kv]
+        if window is not None:
+            allowed = allowed & (positions[None, :] > positions[kv - q:, None] - window)
         if padding_mask is not None:
             allowed = allowed[None] & padding_mask.to(torch.bool)[:, None, :]     # [batch, q, kv]
         allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
@@ -67,11 +77,11 @@ def padding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 @causal_attention.register_fake
-def _(query, key, value, padding_mask, scale):
+def _(query, key, value, padding_mask, scale, window=None):
     return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
 
 
-def _check(query, key, value, padding_mask) -> None:
+def _check(query, key, value, padding_mask, window) -> None:
     def fail(msg):
         raise ValueError(f"vgc::causal_attention: {msg}")
 
@@ -83,8 +93,12 @@ def _check(query, key, value, padding_mask) -> None:
              "multiple of kv_heads)")
     if query.shape[2] > key.shape[2]:
         fail(f"{query.shape[2]} queries but only {key.shape[2]} keys: the keys must include the queries' own")
-    if padding_mask is not None and tuple(padding_mask.shape) != (key.shape[0], key.shape[2]):
-        fail(f"padding_mask must be [batch, kv] = {(key.shape[0], key.shape[2])}, got {tuple(padding_mask.shape)}")
+    if padding_mask is not None and (padding_mask.dim() != 2 or padding_mask.shape[0] != key.shape[0]
+                                     or padding_mask.shape[1] < key.shape[2]):
+        fail(f"padding_mask must be [batch, kv] = {(key.shape[0], key.shape[2])} (or longer, for a sliding-window "
+             f"cache that keeps only its last kv tokens), got {tuple(padding_mask.shape)}")
+    if window is not None and window < 1:
+        fail(f"window must be a positive number of tokens, got {window}")
     if padding_mask is not None and padding_mask.is_floating_point() and padding_mask.dtype != query.dtype:
         fail(f"a float padding_mask is an additive bias in the queries' dtype {query.dtype}, got "
              f"{padding_mask.dtype} (padding_bias(mask, query.dtype) makes one)")
