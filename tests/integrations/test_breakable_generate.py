@@ -17,6 +17,9 @@ FAMILIES = {
     "gemma": (T.GemmaConfig, T.GemmaForCausalLM, {"head_dim": 16}),
     "olmo2": (T.Olmo2Config, T.Olmo2ForCausalLM, {"head_dim": 16}),
     "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM, {}),
+    "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM, {"head_dim": 16}),
+    "phi3": (T.Phi3Config, T.Phi3ForCausalLM, {"pad_token_id": 0}),
+    "granite": (T.GraniteConfig, T.GraniteForCausalLM, {"attention_multiplier": 0.5, "residual_multiplier": 0.5}),
     "gpt2": (T.GPT2Config, T.GPT2LMHeadModel, None),
 }
 GREEDY = dict(do_sample=False, pad_token_id=0)
