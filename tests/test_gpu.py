@@ -402,7 +402,7 @@ def test_vgc_attention_ops_keep_sdpa_off_cudnn():
     mask[1, :5] = False
     assert torch.backends.cuda.cudnn_sdp_enabled()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        outs = [torch.ops.vgc.causal_attention(query, key, value, given, 0.125)
+        outs = [torch.ops.vgc.causal_attention(query, key, value, given, 0.125, None)
                 for given in (mask, padding_bias(mask, torch.bfloat16))]
         torch.cuda.synchronize()
     names = {event.key for event in prof.key_averages()}

@@ -35,7 +35,7 @@ def test_equals_attention_written_out(q, kv, masked):
         mask = torch.ones(2, kv, dtype=torch.long)
         mask[1, :2] = 0   # left padding
     given = padding_bias(mask, query.dtype) if masked == "bias" else mask
-    got = torch.ops.vgc.causal_attention(query, key, value, given, 0.3)
+    got = torch.ops.vgc.causal_attention(query, key, value, given, 0.3, None)
     torch.testing.assert_close(got.double(), written_out(query, key, value, mask, 0.3), atol=1e-5, rtol=1e-5)
 
 
@@ -50,7 +50,7 @@ def test_bad_shapes_name_the_problem(shapes, mask_shape, message):
     (qs, ks) = shapes
     mask = torch.ones(mask_shape, dtype=torch.float64) if mask_shape else None
     with pytest.raises(ValueError, match=message):
-        torch.ops.vgc.causal_attention(torch.randn(qs), torch.randn(ks), torch.randn(ks), mask, 1.0)
+        torch.ops.vgc.causal_attention(torch.randn(qs), torch.randn(ks), torch.randn(ks), mask, 1.0, None)
 
 
 def test_padding_bias_rows_are_aligned_for_the_memory_efficient_kernel():

@@ -20,10 +20,10 @@ _ALIGN = 16   # elements: a bias row stride SDPA's memory-efficient kernel takes
 
 @torch.library.custom_op("vgc::causal_attention", mutates_args=())
 def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, padding_mask: torch.Tensor | None,
-                     scale: float, window: int | None = None) -> torch.Tensor:
+                     scale: float, window: int | None) -> torch.Tensor:
     """[batch, heads, q, dim] queries, the last q of kv positions, against keys/values [batch, kv_heads, kv, dim];
     returns [batch, q, heads, dim]. `window`: a sliding window, each query seeing itself and the window - 1 keys
-    before it (transformers' `sliding_window`). A padding mask longer than kv covers tokens a sliding-window cache
+    before it (transformers' `sliding_window`), or None. A padding mask longer than kv covers tokens a sliding-window cache
     no longer keeps: its last kv columns are the keys'. A query row with no key to attend (a left-padding token)
     attends to all: its output is finite and unused."""
     _check(query, key, value, padding_mask, window)
@@ -77,7 +77,7 @@ def padding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 @causal_attention.register_fake
-def _(query, key, value, padding_mask, scale, window=None):
+def _(query, key, value, padding_mask, scale, window):
     return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
 
 
