@@ -68,7 +68,8 @@ def test_custom_op_function_is_the_python_behind_the_operator(monkeypatch):
     function = _compat.custom_op_function(torch.ops.vgc.causal_attention)
     assert function is not None and _compat.custom_op_function(torch.ops.vgc.causal_attention.default) is function
     q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
-    torch.testing.assert_close(function(q, k, k, None, 0.5, None), torch.ops.vgc.causal_attention(q, k, k, None, 0.5, None))
+    torch.testing.assert_close(function(q, k, k, None, 0.5, None),
+                               torch.ops.vgc.causal_attention(q, k, k, None, 0.5, None))
     assert _compat.custom_op_function(torch.ops.aten.add) is None   # not a custom op: the dispatcher's
     assert _compat.custom_op_function(torch.add) is None
     # the other path: torch's private registry gone or changed, so the operator itself is called

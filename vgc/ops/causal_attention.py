@@ -23,9 +23,9 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      scale: float, window: int | None) -> torch.Tensor:
     """[batch, heads, q, dim] queries, the last q of kv positions, against keys/values [batch, kv_heads, kv, dim];
     returns [batch, q, heads, dim]. `window`: a sliding window, each query seeing itself and the window - 1 keys
-    before it (transformers' `sliding_window`), or None. A padding mask longer than kv covers tokens a sliding-window cache
-    no longer keeps: its last kv columns are the keys'. A query row with no key to attend (a left-padding token)
-    attends to all: its output is finite and unused."""
+    before it (transformers' `sliding_window`), or None. A padding mask longer than kv covers tokens a
+    sliding-window cache no longer keeps: its last kv columns are the keys'. A query row with no key to attend (a
+    left-padding token) attends to all: its output is finite and unused."""
     _check(query, key, value, padding_mask, window)
     batch, heads, q, dim = query.shape
     kv_heads, kv = key.shape[1], key.shape[2]
