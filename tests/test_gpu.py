@@ -349,18 +349,22 @@ def test_breakable_refuses_a_host_read_before_the_driver_does(fresh_counters):
     torch.testing.assert_close(graphs(x), graphs.model(x))
 
 
-def test_breakable_generate_on_the_default_dynamic_cache(fresh_counters):
-    """vgc.integrations.transformers.breakable: real capture of an unmodified Llama's decode step; generate()'s
-    own DynamicCache grows at every replay; greedy tokens equal eager's (fp32)."""
+@pytest.mark.parametrize("family", ["llama", "mistral-sliding-window"])
+def test_breakable_generate_on_the_default_dynamic_cache(family, fresh_counters):
+    """vgc.integrations.transformers.breakable: real capture of an unmodified Llama's decode step (and of a Mistral
+    whose 4-token sliding window the prompt outgrows); generate()'s own DynamicCache grows at every replay; greedy
+    tokens equal eager's (fp32)."""
     import transformers
     from vgc.integrations import transformers as vgc_transformers
 
+    config_cls, model_cls, extra = (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}) if family == "llama" \
+        else (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 4})
     models = []
     for _ in range(2):   # each its own config: the attention implementation is set on the config
-        config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+        config = config_cls(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa", **extra)
         torch.manual_seed(0)
-        models.append(transformers.LlamaForCausalLM(config).cuda().eval())
+        models.append(model_cls(config).cuda().eval())
     reference, model = models
     vgc_transformers.breakable(model, batch_sizes=[1, 2])
     ids = torch.randint(1, 128, (2, 9), device="cuda")
