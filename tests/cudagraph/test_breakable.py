@@ -369,7 +369,7 @@ def test_an_argument_the_capture_did_not_have_runs_eagerly(simulated_capture, fr
         torch.testing.assert_close(graphs(x, None), x * 2)
         torch.testing.assert_close(graphs(x, bias), x * 2 + bias)
         torch.testing.assert_close(graphs(x, gain=3.0), x * 6)
-    assert "bias is a torch.float32 tensor of shape (4, 16), captured as None" in caplog.text
+    assert "bias is a torch.float32 tensor of shape (4, 16) on cpu, captured as None" in caplog.text
     assert "options is structured as" in caplog.text
 
 

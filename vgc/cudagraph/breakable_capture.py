@@ -34,6 +34,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from vgc import _compat, cuda_runtime  # module attribute access: tests substitute begin_segment()/end_segment()
+from vgc.capture.paths import describe
 from vgc.config import CompilationConfig
 from vgc.counters import Counters, counters
 from vgc.cudagraph.memory import GraphMemory
@@ -394,13 +395,6 @@ def _tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return found
 
 
-def _brief(value) -> str:
-    """A value for a message: a tensor by its shape, not its data."""
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return repr(value)
-
-
 def _has_mask(args: tuple) -> bool:
     index = args[1] if len(args) > 1 else None
     return any(x.dtype in (torch.bool, torch.uint8) for x in _tensors_in((index,), {}))
@@ -529,7 +523,7 @@ class _Entry:
         for name, leaf, value in self.constants:
             now = leaves[name][0][leaf]
             if not (now == value if isinstance(value, _PRIMITIVES) else now is value):
-                return f"{name} is {_brief(now)}, captured as {_brief(value)}"
+                return f"{name} is {describe(now)}, captured as {describe(value)}"
         return None
 
     def replay(self, padded: dict, arguments: dict):
@@ -578,13 +572,14 @@ class _Entry:
                        if (name, leaf) not in baked})
 
 
-def _capture_entry(model: Callable, bound: inspect.BoundArguments, defaults: dict[str, Any], dynamic: dict[str, int],
-                   pool, breaks: Breaks | None, module_breaks: list) -> tuple[_Entry, Any]:
+def _capture_entry(model: Callable, bound: inspect.BoundArguments, defaults: dict[str, tuple[list, Any]],
+                   dynamic: dict[str, int], pool, breaks: Breaks | None, module_breaks: list) -> tuple[_Entry, Any]:
     """Capture one call in segments; returns the entry and the call's output (real values). The entry holds every
-    argument, `defaults` for those the call left out: a call that passes one is then not taken for this one."""
+    argument, `defaults` (flattened) for those the call left out: a call that passes one is then not taken for this
+    one."""
     inputs = {name: bound.arguments[name] for name in dynamic}
-    others = {name: _compat.tree_flatten(value) for name, value in {**defaults, **bound.arguments}.items()
-              if name not in dynamic}
+    others = {**{name: leaves for name, leaves in defaults.items() if name not in dynamic},
+              **{name: _compat.tree_flatten(value) for name, value in bound.arguments.items() if name not in dynamic}}
     capture = _Capture(pool, breaks, inputs, {name: values for name, (values, _) in others.items()})
     methods = breaks.methods if breaks is not None else ()
     capture.watch_storage = bool(module_breaks or methods) and breaks is not None
@@ -642,10 +637,10 @@ class BreakableGraphs:
         self.model = model
         forward = model.forward if isinstance(model, torch.nn.Module) else model
         self._signature = inspect.signature(forward)
-        self._defaults = {name: {} if p.kind is p.VAR_KEYWORD else () if p.kind is p.VAR_POSITIONAL else p.default
-                          for name, p in self._signature.parameters.items()
-                          if p.default is not p.empty or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        self._default_leaves = {name: _compat.tree_flatten(value) for name, value in self._defaults.items()}
+        defaults = {name: {} if p.kind is p.VAR_KEYWORD else () if p.kind is p.VAR_POSITIONAL else p.default
+                    for name, p in self._signature.parameters.items()
+                    if p.default is not p.empty or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        self._default_leaves = {name: _compat.tree_flatten(value) for name, value in defaults.items()}
         if not isinstance(dynamic_arg_dims, dict) or not dynamic_arg_dims:
             raise ValueError("dynamic_arg_dims must name the tensor arguments whose size varies per call and the "
                              "dim that varies, e.g. {'input_ids': 0, 'positions': 0}; the first one is the call's size")
@@ -767,7 +762,8 @@ class BreakableGraphs:
         cuda_runtime.reset_peak_memory(device)
         key = size if breaks is not None else f"whole:{size}"
         try:
-            entry, out = _capture_entry(call, bound, self._defaults, self.dynamic, self._pool, breaks, module_breaks)
+            entry, out = _capture_entry(call, bound, self._default_leaves, self.dynamic, self._pool, breaks,
+                                        module_breaks)
         except BreakableCaptureError:
             raise
         except torch.OutOfMemoryError as error:

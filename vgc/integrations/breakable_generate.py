@@ -50,11 +50,8 @@ _DUMMY_PROMPT = 4                   # tokens of each warm-up generate()'s prompt
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
               sliding_window=None, s_aux=None, **kwargs):
     """transformers' attention interface: [batch, heads, q, dim] queries against the cache's keys and values."""
-    if softcap is not None or s_aux is not None:
-        what = f"soft-caps its attention logits (softcap={softcap})" if softcap is not None else \
-            "adds attention sinks to its softmax (s_aux)"
-        raise ValueError(f"{type(module).__name__} {what}, which vgc::causal_attention does not implement; serve "
-                         "this model eagerly or with torch.compile")
+    refuse_unsupported(module, softcap, s_aux, "vgc::causal_attention",
+                       "serve this model eagerly or with torch.compile")
     if dropout:
         raise ValueError("vgc_breakable attention serves inference only (dropout must be 0: call model.eval())")
     if attention_mask is not None:
@@ -72,6 +69,15 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
 
 AttentionInterface.register(ATTENTION, attention)
+
+
+def refuse_unsupported(module, softcap, s_aux, op: str, fix: str) -> None:
+    """Raise for what transformers asks of an attention that vgc's attention ops do not compute (soft-capped
+    logits, attention sinks), rather than leave it out of the answer."""
+    if softcap is not None or s_aux is not None:
+        what = f"soft-caps its attention logits (softcap={softcap})" if softcap is not None else \
+            "adds attention sinks to its softmax (s_aux)"
+        raise ValueError(f"{type(module).__name__} {what}, which {op} does not implement; {fix}")
 
 
 def set_attention(model: torch.nn.Module, name: str) -> None:
@@ -223,4 +229,5 @@ def breakable(model: torch.nn.Module, *, batch_sizes: list[int] = (1,), breaks=N
     return model
 
 
-__all__ = ["ATTENTION", "BreakableDecode", "attention", "breakable", "causal_attention", "set_attention"]
+__all__ = ["ATTENTION", "BreakableDecode", "attention", "breakable", "causal_attention", "refuse_unsupported",
+           "set_attention"]

@@ -41,7 +41,7 @@ from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size
-from vgc.integrations.breakable_generate import breakable, set_attention
+from vgc.integrations.breakable_generate import breakable, refuse_unsupported, set_attention
 from vgc.integrations.vision_towers import encoder_manager, vision_adapter
 
 try:
@@ -78,11 +78,8 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     if batch is None:
         raise RuntimeError("attn_implementation='vgc' runs only inside a model prepared by "
                            "vgc.integrations.transformers.compile(model); call that model's generate() or forward")
-    if softcap is not None or s_aux is not None:
-        what = f"soft-caps its attention logits (softcap={softcap})" if softcap is not None else \
-            "adds attention sinks to its softmax (s_aux)"
-        raise ValueError(f"{type(module).__name__} {what}, which vgc::attention does not implement; serve this "
-                         "model with torch.compile(model.forward, backend='vgc') instead")
+    refuse_unsupported(module, softcap, s_aux, "vgc::attention",
+                       "serve this model with torch.compile(model.forward, backend='vgc') instead")
     if sliding_window is not None and sliding_window < batch["max_len"]:
         raise ValueError(f"{type(module).__name__} attends over a sliding window of {sliding_window} tokens, which "
                          f"vgc::attention does not implement; pass max_cache_len <= {sliding_window} (then the "
