@@ -1,6 +1,7 @@
 """GPU tests (marker `gpu`; skipped without CUDA). Run on the H200 with: pytest -m gpu."""
 
 import dataclasses
+import importlib
 
 import pytest
 import torch
@@ -110,19 +111,22 @@ def test_dropin_piecewise_captures_on_second_use_and_keeps_outputs(tiny_fp32, fr
     assert fresh_counters.cudagraph_replays == 3 * 2     # calls 3 and 4 replay
 
 
-@pytest.mark.parametrize("name", ["prefill", "decode", "mixed", "padded", "prefill_mqa"])
-def test_attention_op_on_cuda_matches_reference(name):
+def _ops_cases():
+    """The CPU tests' attention cases, from tests/ops/ (not on sys.path when this file runs alone, as on the GPU)."""
     import importlib.util
     from pathlib import Path
 
-    from vgc.ops import reference_attention
-
-    # the CPU tests' cases, from tests/ops/ (not on sys.path when this file runs alone, as it does on the GPU)
     spec = importlib.util.spec_from_file_location("ops_cases", Path(__file__).parent / "ops" / "test_ops.py")
     cases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cases)
-    CASES, make_case = cases.CASES, cases.make_case
+    return cases.CASES, cases.make_case
 
+
+@pytest.mark.parametrize("name", ["prefill", "decode", "mixed", "padded", "prefill_mqa"])
+def test_attention_op_on_cuda_matches_reference(name):
+    from vgc.ops import reference_attention
+
+    CASES, make_case = _ops_cases()
     case = make_case(**CASES[name])
     ref_out, ref_kc, ref_vc = reference_attention(**case)
     cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
@@ -391,6 +395,38 @@ def test_breakable_unmodified_hugging_face_llama(fresh_counters):
             ids = torch.randint(128, (1, n), device="cuda")
             out = graphs(input_ids=ids, use_cache=False).last_hidden_state
             torch.testing.assert_close(out, model(input_ids=ids, use_cache=False).last_hidden_state, **FP32_TOL)
+
+
+@pytest.mark.parametrize("name", ["prefill", "prefill_mqa", "prefill_mha", "padded", "mixed"])
+def test_attention_op_bf16_prefill_on_flash_matches_reference(name):
+    """bf16 prefills of new sequences only take one flash varlen launch (grouped heads, padding rows zeroed);
+    batches with cached context keep the per-sequence path. Both against the float64 reference."""
+    from vgc.ops import reference_attention
+
+    attention_module = importlib.import_module("vgc.ops.attention")   # the package's `attention` is the op
+
+    CASES, make_case = _ops_cases()
+    case = make_case(**CASES[name], head_dim=64)
+    case = {k: v.bfloat16() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in case.items()}
+    ref_out, ref_kc, _ = reference_attention(**case)
+    cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+    output = torch.full_like(cuda["query"], float("nan"))
+    calls = []
+    flash = attention_module._compat.flash_varlen_forward
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return flash(*args, **kwargs)
+
+    attention_module._compat.flash_varlen_forward = counted
+    try:
+        torch.ops.vgc.attention(output, **cuda)
+    finally:
+        attention_module._compat.flash_varlen_forward = flash
+    fresh = all(context == 0 for context, _ in CASES[name]["specs"])
+    assert len(calls) == (1 if fresh else 0)
+    torch.testing.assert_close(output.cpu().float(), ref_out.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(cuda["key_cache"].cpu(), ref_kc, atol=0, rtol=0, equal_nan=True)
 
 
 def test_vgc_attention_ops_keep_sdpa_off_cudnn():

@@ -225,6 +225,15 @@ def flash_varlen_attention() -> Callable | None:
     return varlen_attn
 
 
+def flash_varlen_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
+                         max_seqlen: int, scale: float, causal: bool) -> torch.Tensor:
+    """torch's flash-attention varlen forward over sequences that share `cu_seqlens` for queries and keys, with
+    grouped K/V heads (private `aten._flash_attention_forward`: the public `varlen_attn` changed its signature
+    between 2.10 and 2.12 and takes grouped heads only from 2.12). CUDA, bf16/fp16."""
+    return torch.ops.aten._flash_attention_forward(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                   0.0, causal, False, scale=scale)[0]
+
+
 # ---- Symbolic sizes: the shape environment's symbols, sources and guards ------------------------------------------
 
 def symbolic_expr(value: torch.SymInt) -> sympy.Expr:

@@ -84,3 +84,28 @@ def test_a_longer_padding_mask_covers_tokens_the_cache_dropped():
         got = torch.ops.vgc.causal_attention(query, key, value, given, 0.3, 5)
         torch.testing.assert_close(got.double(), written_out(query, key, value, mask[:, -5:], 0.3), atol=1e-5,
                                    rtol=1e-5)
+
+
+def test_a_sliced_bias_reaches_sdpa_aligned(monkeypatch):
+    """A sliding window's (or a longer mask's) last columns of a bias start mid-row: SDPA's memory-efficient kernel
+    faults on that start on the GPU ("misaligned address", H200), so the op hands it an aligned copy."""
+    import importlib
+
+    module = importlib.import_module("vgc.ops.causal_attention")   # the package's `causal_attention` is the op
+    seen, sdpa = [], module.sdpa
+
+    def recording_sdpa(*args, attn_mask=None, **kwargs):
+        seen.append(attn_mask)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(module, "sdpa", recording_sdpa)
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[1, :4] = False
+    for window, kept in ((4, 4), (None, 9)):   # the window's last 4 keys; a mask 2 columns longer than the cache
+        got = torch.ops.vgc.causal_attention(query, key, value, padding_bias(mask, query.dtype), 0.3, window)
+        bias = seen[-1]
+        assert bias.storage_offset() % 16 == 0 and bias.stride(0) % 16 == 0 and bias.shape[-1] == kept
+        torch.testing.assert_close(got.double(), written_out(query, key, value, mask[:, -9:], 0.3, window),
+                                   atol=1e-5, rtol=1e-5)

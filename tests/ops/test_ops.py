@@ -225,6 +225,30 @@ def test_triton_decode_and_kv_write_match_reference(heads, layout):
         assert triton_attention._launch_decode.binaries and triton_attention._launch_write_kv.binaries
 
 
+@pytest.mark.parametrize("variant", [("head", 32, 4), ("head", 16, 1), ("grouped", 16, 2), ("grouped-dot", 32, 4),
+                                     ("grouped-dot", 64, 4)])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (16, 1)])
+def test_every_decode_kernel_variant_matches_reference(variant, heads):
+    """Each way the decode kernel can be launched (a program per query head or per KV head, FMA or tensor-core
+    scores, tile and warp counts) in fp16, against the float64 reference: contexts within and across tiles."""
+    device = triton_device()
+    if device is None:
+        pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
+    from vgc.ops import triton_attention
+    case = make_case([(c, 1) for c in (0, 1, 15, 16, 40, 70)] + [(0, 0)], pad=1, num_heads=heads[0],
+                     num_kv_heads=heads[1], head_dim=16, block_size=4)
+    case = {k: v.half() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in case.items()}
+    ref_out, ref_kc, ref_vc = reference_attention(**case)
+    case = {k: v.to(device) if torch.is_tensor(v) else v for k, v in case.items()}
+    output = torch.full_like(case["query"], float("nan"))
+    triton_attention.decode_attention(output, case["query"], case["key"], case["value"], case["key_cache"],
+                                      case["value_cache"], case["slot_mapping"], case["block_table"],
+                                      case["seq_lens"], case["scale"], variant=variant)
+    torch.testing.assert_close(output.cpu().float(), ref_out.float(), atol=1e-2, rtol=0)
+    assert_same(case["key_cache"].cpu(), ref_kc)
+    assert_same(case["value_cache"].cpu(), ref_vc)
+
+
 def test_varlen_attention_attends_within_each_sequence_and_zeroes_padding_rows():
     torch.manual_seed(0)
     q, k, v = (torch.randn(12, 2, 8) for _ in range(3))

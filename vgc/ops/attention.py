@@ -33,16 +33,19 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 
 import torch
 
-from vgc import cuda_runtime  # module attribute: tests substitute it
+from vgc import _compat, cuda_runtime  # cuda_runtime as a module attribute: tests substitute it
 from vgc.ops import triton_attention
 from vgc.ops.sdpa import sdpa
 
 __all__ = ["attention", "reference_attention"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+
+logger = logging.getLogger("vgc")
 
 
 @torch.library.custom_op(
@@ -114,6 +117,8 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     starts, lens = _host_lengths(query_start_loc, seq_lens)
     _check_lengths(starts, lens, query.shape[0], key_cache.shape[1],
                    block_table.shape[1])
+    if use_sdpa and _attend_fresh_on_flash(output, query, key, value, query_start_loc, starts, lens, scale):
+        return
 
     attend = _attend_sdpa if use_sdpa else _attend_math
     block_size = key_cache.shape[1]
@@ -173,6 +178,35 @@ def _host_lengths(query_start_loc, seq_lens):
     if found is None:
         found = memo[key] = (query_start_loc, seq_lens, _read_lengths(query_start_loc, seq_lens))
     return found[2]
+
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+_flash_refused: set = set()   # (device, dtype, head_dim) the flash kernel refused once: not tried again
+
+
+def _attend_fresh_on_flash(output, query, key, value, query_start_loc, starts, lens, scale) -> bool:
+    """A prefill of new sequences only (no cached context) in one flash varlen launch over the new K/V, in place
+    of a gather and an SDPA call per sequence: prefill runs between piece graphs, where every launch costs host
+    time. False (nothing done) for other batches, or where the kernel does not serve the dtype or head size."""
+    if any(length != end - start for length, start, end in zip(lens, starts, starts[1:])):
+        return False
+    signature = (query.device, query.dtype, query.shape[2])
+    if (query.dtype not in _FLASH_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype
+            or signature in _flash_refused or starts[-1] == 0):
+        return False
+    total = starts[-1]
+    cu = query_start_loc if query_start_loc.dtype == torch.int32 else query_start_loc.int()
+    try:
+        out = _compat.flash_varlen_forward(query[:total], key[:total], value[:total], cu, max(lens), scale,
+                                           causal=True)
+    except RuntimeError as error:   # an architecture, head size or layout the kernel does not take
+        _flash_refused.add(signature)
+        logger.info("vgc::attention: flash varlen attention refused %s (%s); prefill attends per sequence",
+                    signature, error)
+        return False
+    output[:total] = out
+    output[total:].zero_()
+    return True
 
 
 def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,

@@ -43,6 +43,10 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         # grouped heads read the cache in place rather than a repeated copy of it.
         mask = None
         if padding_mask is not None and padding_mask.is_floating_point():
+            if padding_mask.storage_offset() % _ALIGN or padding_mask.stride(0) % _ALIGN:
+                # a sliding window's last columns (or a caller's own bias): the memory-efficient kernel reads the
+                # bias in aligned vectors and faults on a misaligned start (H200: "misaligned address")
+                padding_mask = padding_bias(padding_mask == 0, padding_mask.dtype)
             # [batch, 1, 1, kv] keeping the rows' stride for every leading dim: aligned as padding_bias made it
             row = padding_mask.stride(0)
             mask = padding_mask.as_strided((batch, 1, 1, kv), (row, row, row, padding_mask.stride(1)))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 try:
     import triton
     import triton.language as tl
@@ -48,8 +50,8 @@ if HAS_TRITON:
                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
         # One program per (token, query head); token t is sequence t's last position (uniform single-token
         # decode). The first head of each KV group writes the token's K/V to its slot; every head attends its
-        # cached context plus the new K/V taken from registers, so writing and attending is one launch. Small
-        # programs keep batch-1 latency low (a program per KV group, holding GROUP heads, took 1.7 times as long).
+        # cached context plus the new K/V taken from registers, so writing and attending is one launch. For fp32
+        # caches (`_decode_variant`: bf16/fp16 take the grouped kernel below).
         token = tl.program_id(0)
         head = tl.program_id(1)
         kv_head = head // GROUP
@@ -98,8 +100,77 @@ if HAS_TRITON:
         tl.store(output + token * o_stride_t + head * o_stride_h + d, out.to(output.dtype.element_ty),
                  mask=d_mask)
 
+    @triton.jit
+    def _decode_grouped_kernel(output, query, key, value, key_cache, value_cache, slot_mapping, block_table,
+                               seq_lens, scale, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t,
+                               v_stride_h, o_stride_t, o_stride_h, bt_stride, cache_stride_block, cache_stride_slot,
+                               cache_stride_h, num_seqs, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_G: tl.constexpr, USE_DOT: tl.constexpr):
+        # One program per (token, KV head): the GROUP query heads that share a KV head read its cached K/V once
+        # (the per-head kernel reads them GROUP times). USE_DOT scores the group on tensor cores, its rows padded
+        # to BLOCK_G >= 16 (bf16/fp16 caches only: an fp32 dot would round to tf32).
+        token = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        g = tl.arange(0, BLOCK_G)
+        g_mask = g < GROUP
+        k_new = tl.load(key + token * k_stride_t + kv_head * k_stride_h + d, mask=d_mask, other=0.0)
+        v_new = tl.load(value + token * v_stride_t + kv_head * v_stride_h + d, mask=d_mask, other=0.0)
+        k_new = k_new.to(key_cache.dtype.element_ty)
+        v_new = v_new.to(value_cache.dtype.element_ty)
+        slot = tl.load(slot_mapping + token).to(tl.int64)
+        if slot >= 0:  # a negative slot is a padding token: it writes nothing
+            dst = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot \
+                + kv_head * cache_stride_h + d
+            tl.store(key_cache + dst, k_new, mask=d_mask)
+            tl.store(value_cache + dst, v_new, mask=d_mask)
+        seq_len = tl.load(seq_lens + token, mask=token < num_seqs, other=0)
+        heads = kv_head * GROUP + g
+        qd_mask = g_mask[:, None] & d_mask[None, :]
+        q = tl.load(query + token * q_stride_t + heads[:, None] * q_stride_h + d[None, :], mask=qd_mask, other=0.0)
+        q32 = q.to(tl.float32)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for start in range(0, seq_len - 1, BLOCK_N):   # the cached context: every position but the last
+            pos = start + tl.arange(0, BLOCK_N)
+            pos_mask = pos < seq_len - 1
+            block = tl.load(block_table + token * bt_stride + pos // BLOCK_SIZE, mask=pos_mask, other=0)
+            row = block.to(tl.int64) * cache_stride_block + (pos % BLOCK_SIZE) * cache_stride_slot
+            offs = row[:, None] + kv_head * cache_stride_h + d[None, :]
+            kv_mask = pos_mask[:, None] & d_mask[None, :]
+            k = tl.load(key_cache + offs, mask=kv_mask, other=0.0)
+            v = tl.load(value_cache + offs, mask=kv_mask, other=0.0)
+            if USE_DOT:
+                s = tl.dot(q.to(k.dtype), tl.trans(k)) * scale                          # [BLOCK_G, BLOCK_N]
+            else:
+                s = tl.sum(q32[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+            s = tl.where(pos_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            l = l * alpha + tl.sum(p, axis=1)
+            if USE_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            else:
+                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            m = m_new
+        if seq_len > 0:   # the new token itself (a padding row of length 0 attends nothing)
+            s_new = tl.sum(q32 * k_new.to(tl.float32)[None, :], axis=1) * scale
+            m_new = tl.maximum(m, s_new)
+            alpha = tl.exp(m - m_new)
+            p_new = tl.exp(s_new - m_new)
+            l = l * alpha + p_new
+            acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+        out = tl.where(l[:, None] > 0, acc / tl.maximum(l, 1e-30)[:, None], 0.0)
+        tl.store(output + token * o_stride_t + heads[:, None] * o_stride_h + d[None, :],
+                 out.to(output.dtype.element_ty), mask=qd_mask)
+
     _launch_write_kv = FastLauncher(_write_kv_kernel)
     _launch_decode = FastLauncher(_decode_kernel)
+    _launch_decode_grouped = FastLauncher(_decode_grouped_kernel)
     # Block sizes are derived on every launch between graphs; Triton's helper costs about 1 µs a call.
     _pow2 = functools.cache(triton.next_power_of_2)
 
@@ -120,21 +191,45 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 
 def decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
-                     scale: float) -> None:
+                     scale: float, variant: tuple[str, int, int] | None = None) -> None:
     """Uniform decode in one launch: token t is sequence t's last position; its K/V go to its slot (none for
     a negative slot) and it attends its cached context plus itself. No host sync.
 
-    Runs once per layer per step between piece graphs, so it reads each tensor's strides once (host time)."""
+    Runs once per layer per step between piece graphs, so it reads each tensor's strides once (host time).
+    `variant` forces a kernel as (kind, BLOCK_N, num_warps) (benchmarks, tests); by default `_decode_variant`
+    picks one from the batch size and dtype, which inside a captured graph is fixed per capture size."""
     num_tokens, num_heads, head_dim = query.shape
     if num_tokens == 0:
         return
     qs, ks, vs, os_, cs = query.stride(), key.stride(), value.stride(), output.stride(), key_cache.stride()
     assert qs[2] == ks[2] == vs[2] == os_[2] == cs[3] == 1, "head dim must be contiguous"
     assert cs == value_cache.stride(), "key and value caches must share one layout"
-    _launch_decode(
-        (num_tokens, num_heads),
-        (output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens),
-        (scale, qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], os_[0], os_[1], block_table.stride(0), cs[0], cs[1],
-         cs[2], seq_lens.shape[0]),
-        GROUP=num_heads // key.shape[1], BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
-        BLOCK_D=_pow2(head_dim), BLOCK_N=32)
+    num_kv_heads = key.shape[1]
+    group = num_heads // num_kv_heads
+    tensors = (output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens)
+    scalars = (scale, qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], os_[0], os_[1], block_table.stride(0), cs[0], cs[1],
+               cs[2], seq_lens.shape[0])
+    shape = dict(GROUP=group, BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim))
+    kind, block_n, warps = variant or _decode_variant(num_tokens, head_dim, key_cache.dtype)
+    if kind == "head":
+        _launch_decode((num_tokens, num_heads), tensors, scalars, **shape, BLOCK_N=block_n, num_warps=warps)
+    else:
+        use_dot = kind == "grouped-dot"
+        _launch_decode_grouped((num_tokens, num_kv_heads), tensors, scalars, **shape, BLOCK_N=block_n,
+                               BLOCK_G=max(16, _pow2(group)) if use_dot else _pow2(group), USE_DOT=use_dot,
+                               num_warps=warps)
+
+
+def _decode_variant(num_tokens: int, head_dim: int, dtype: torch.dtype) -> tuple[str, int, int]:
+    """(kernel, BLOCK_N, num_warps) for a decode launch of `num_tokens` tokens.
+
+    Measured on the H200 (`benchmarks/sweep_decode_attention.py`, Llama-3.2-1B heads, bf16, device time per
+    launch): a program per KV head scoring its 4 query heads on tensor cores with 64-key tiles took 3.4 / 5.6 /
+    18 us at batch 1 / 64 / 256 with 2-30 cached tokens (a program per query head, 4 warps: 3.1 / 12 / 37) and
+    11 / 24 us at batch 1 / 64 with 512 (22 / 120), 103 us at batch 1 with 4000 (260). Past 64 tokens 32-key
+    tiles keep more programs resident (13 us at 256 with short contexts, 96 with 512). fp32 caches would round
+    to tf32 on tensor cores: they keep a program per query head, one warp and 16-key tiles (2.5 / 5.3 / 12 us
+    short, 2-3x faster than 4 warps at batch 64 and 256)."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return "head", 16, 1
+    return "grouped-dot", 64 if num_tokens <= 64 and head_dim <= 128 else 32, 4
