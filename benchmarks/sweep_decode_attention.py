@@ -24,9 +24,9 @@ from vgc.ops import triton_attention
 
 attention_module = importlib.import_module("vgc.ops.attention")   # the package's `attention` is the op
 
-VARIANTS = [("head", 32, 4), ("head", 32, 2), ("head", 32, 1), ("head", 16, 1), ("grouped", 32, 4),
-            ("grouped", 32, 2), ("grouped", 16, 2), ("grouped-dot", 32, 4), ("grouped-dot", 64, 4),
-            ("grouped-dot", 16, 2)]
+VARIANTS = [("head", 32, 4, 1), ("head", 16, 1, 1), ("grouped-dot", 32, 4, 1), ("grouped-dot", 64, 4, 1),
+            ("grouped-dot", 64, 4, 2), ("grouped-dot", 64, 4, 4), ("grouped-dot", 64, 4, 16),
+            ("grouped-dot", 32, 4, 16), None]   # None: the default for the batch size
 
 
 def _decode_case(cfg, batch: int, context: int | None):
@@ -86,9 +86,9 @@ def _device_ms(graph, replays: int = 20) -> float:
 def sweep_decode(cfg, rounds: int) -> None:
     print(f"decode attention, {cfg.num_layers} launches per step (one per layer), device us per launch, median of "
           f"{rounds} alternating rounds (spread)")
-    print(f"{'batch':>5} {'context':>8} " + " ".join(f"{'/'.join(map(str, v)):>17}" for v in VARIANTS))
+    print(f"{'batch':>5} {'context':>8} " + " ".join(f"{'/'.join(map(str, v or ['default'])):>17}" for v in VARIANTS))
     for batch, context in ((1, None), (8, None), (64, None), (256, None), (1, 512), (8, 512), (64, 512),
-                           (256, 512), (1, 4000), (64, 2048)):
+                           (1, 4000), (8, 2048), (64, 2048)):
         layers, shared = _decode_case(cfg, batch, context)
         graphs, reference = {}, None
         for variant in VARIANTS:

@@ -102,16 +102,19 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_grouped_kernel(output, query, key, value, key_cache, value_cache, slot_mapping, block_table,
-                               seq_lens, scale, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t,
+                               seq_lens, partials, scale, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t,
                                v_stride_h, o_stride_t, o_stride_h, bt_stride, cache_stride_block, cache_stride_slot,
                                cache_stride_h, num_seqs, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_G: tl.constexpr, USE_DOT: tl.constexpr):
+                               BLOCK_G: tl.constexpr, USE_DOT: tl.constexpr, SPLITS: tl.constexpr):
         # One program per (token, KV head): the GROUP query heads that share a KV head read its cached K/V once
         # (the per-head kernel reads them GROUP times). USE_DOT scores the group on tensor cores, its rows padded
-        # to BLOCK_G >= 16 (bf16/fp16 caches only: an fp32 dot would round to tf32).
+        # to BLOCK_G >= 16 (bf16/fp16 caches only: an fp32 dot would round to tf32). With SPLITS > 1 each of
+        # SPLITS programs takes a slice of the context and writes its softmax state (max, sum, weighted values)
+        # to `partials` for `_decode_combine_kernel`: a few sequences then still occupy the GPU.
         token = tl.program_id(0)
         kv_head = tl.program_id(1)
+        split = tl.program_id(2)
         d = tl.arange(0, BLOCK_D)
         d_mask = d < HEAD_DIM
         g = tl.arange(0, BLOCK_G)
@@ -121,12 +124,16 @@ if HAS_TRITON:
         k_new = k_new.to(key_cache.dtype.element_ty)
         v_new = v_new.to(value_cache.dtype.element_ty)
         slot = tl.load(slot_mapping + token).to(tl.int64)
-        if slot >= 0:  # a negative slot is a padding token: it writes nothing
+        if (slot >= 0) & (split == 0):  # a negative slot is a padding token: it writes nothing
             dst = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot \
                 + kv_head * cache_stride_h + d
             tl.store(key_cache + dst, k_new, mask=d_mask)
             tl.store(value_cache + dst, v_new, mask=d_mask)
         seq_len = tl.load(seq_lens + token, mask=token < num_seqs, other=0)
+        context = tl.maximum(seq_len - 1, 0)   # the cached positions: every one but the last
+        per_split = tl.cdiv(tl.cdiv(context, SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, context)
         heads = kv_head * GROUP + g
         qd_mask = g_mask[:, None] & d_mask[None, :]
         q = tl.load(query + token * q_stride_t + heads[:, None] * q_stride_h + d[None, :], mask=qd_mask, other=0.0)
@@ -134,9 +141,9 @@ if HAS_TRITON:
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        for start in range(0, seq_len - 1, BLOCK_N):   # the cached context: every position but the last
+        for start in range(lo, hi, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
-            pos_mask = pos < seq_len - 1
+            pos_mask = pos < hi
             block = tl.load(block_table + token * bt_stride + pos // BLOCK_SIZE, mask=pos_mask, other=0)
             row = block.to(tl.int64) * cache_stride_block + (pos % BLOCK_SIZE) * cache_stride_slot
             offs = row[:, None] + kv_head * cache_stride_h + d[None, :]
@@ -157,20 +164,57 @@ if HAS_TRITON:
             else:
                 acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
             m = m_new
-        if seq_len > 0:   # the new token itself (a padding row of length 0 attends nothing)
+        if (seq_len > 0) & (split == SPLITS - 1):   # the new token (a padding row of length 0 attends nothing)
             s_new = tl.sum(q32 * k_new.to(tl.float32)[None, :], axis=1) * scale
             m_new = tl.maximum(m, s_new)
             alpha = tl.exp(m - m_new)
             p_new = tl.exp(s_new - m_new)
             l = l * alpha + p_new
             acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+            m = m_new   # the state a split hands to the merge
+        if SPLITS == 1:
+            out = tl.where(l[:, None] > 0, acc / tl.maximum(l, 1e-30)[:, None], 0.0)
+            tl.store(output + token * o_stride_t + heads[:, None] * o_stride_h + d[None, :],
+                     out.to(output.dtype.element_ty), mask=qd_mask)
+        else:   # partials: [tokens, kv heads, SPLITS, BLOCK_G, BLOCK_D + 2] fp32 (values, then max and sum)
+            row = ((token * tl.num_programs(1) + kv_head) * SPLITS + split) * BLOCK_G + g
+            tl.store(partials + row[:, None] * (BLOCK_D + 2) + d[None, :], acc)
+            tl.store(partials + row * (BLOCK_D + 2) + BLOCK_D, m)
+            tl.store(partials + row * (BLOCK_D + 2) + BLOCK_D + 1, l)
+
+    @triton.jit
+    def _decode_combine_kernel(output, partials, o_stride_t, o_stride_h, GROUP: tl.constexpr,
+                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
+                               SPLITS: tl.constexpr):
+        # Merges the SPLITS softmax states of one (token, KV head) into the output rows of its query heads.
+        token = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        d = tl.arange(0, BLOCK_D)
+        g = tl.arange(0, BLOCK_G)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for split in tl.static_range(SPLITS):
+            row = ((token * tl.num_programs(1) + kv_head) * SPLITS + split) * BLOCK_G + g
+            part_acc = tl.load(partials + row[:, None] * (BLOCK_D + 2) + d[None, :])
+            part_m = tl.load(partials + row * (BLOCK_D + 2) + BLOCK_D)
+            part_l = tl.load(partials + row * (BLOCK_D + 2) + BLOCK_D + 1)
+            m_new = tl.maximum(m, part_m)
+            base = tl.where(m_new == float("-inf"), 0.0, m_new)   # both empty: weights 0, not NaN
+            alpha = tl.exp(m - base)
+            beta = tl.exp(part_m - base)
+            l = l * alpha + part_l * beta
+            acc = acc * alpha[:, None] + part_acc * beta[:, None]
+            m = m_new
         out = tl.where(l[:, None] > 0, acc / tl.maximum(l, 1e-30)[:, None], 0.0)
+        heads = kv_head * GROUP + g
         tl.store(output + token * o_stride_t + heads[:, None] * o_stride_h + d[None, :],
-                 out.to(output.dtype.element_ty), mask=qd_mask)
+                 out.to(output.dtype.element_ty), mask=(g < GROUP)[:, None] & (d < HEAD_DIM)[None, :])
 
     _launch_write_kv = FastLauncher(_write_kv_kernel)
     _launch_decode = FastLauncher(_decode_kernel)
     _launch_decode_grouped = FastLauncher(_decode_grouped_kernel)
+    _launch_decode_combine = FastLauncher(_decode_combine_kernel)
     # Block sizes are derived on every launch between graphs; Triton's helper costs about 1 µs a call.
     _pow2 = functools.cache(triton.next_power_of_2)
 
@@ -191,12 +235,12 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 
 def decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
-                     scale: float, variant: tuple[str, int, int] | None = None) -> None:
+                     scale: float, variant: tuple[str, int, int, int] | None = None) -> None:
     """Uniform decode in one launch: token t is sequence t's last position; its K/V go to its slot (none for
     a negative slot) and it attends its cached context plus itself. No host sync.
 
     Runs once per layer per step between piece graphs, so it reads each tensor's strides once (host time).
-    `variant` forces a kernel as (kind, BLOCK_N, num_warps) (benchmarks, tests); by default `_decode_variant`
+    `variant` forces a kernel as (kind, BLOCK_N, num_warps, SPLITS) (benchmarks, tests); by default `_decode_variant`
     picks one from the batch size and dtype, which inside a captured graph is fixed per capture size."""
     num_tokens, num_heads, head_dim = query.shape
     if num_tokens == 0:
@@ -210,18 +254,28 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
     scalars = (scale, qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], os_[0], os_[1], block_table.stride(0), cs[0], cs[1],
                cs[2], seq_lens.shape[0])
     shape = dict(GROUP=group, BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim))
-    kind, block_n, warps = variant or _decode_variant(num_tokens, head_dim, key_cache.dtype)
+    kind, block_n, warps, splits = variant or _decode_variant(num_tokens, num_kv_heads, head_dim, key_cache.dtype)
+    if kind == "head" and splits != 1:
+        raise ValueError("the per-query-head decode kernel does not split the context (SPLITS must be 1)")
     if kind == "head":
         _launch_decode((num_tokens, num_heads), tensors, scalars, **shape, BLOCK_N=block_n, num_warps=warps)
-    else:
-        use_dot = kind == "grouped-dot"
-        _launch_decode_grouped((num_tokens, num_kv_heads), tensors, scalars, **shape, BLOCK_N=block_n,
-                               BLOCK_G=max(16, _pow2(group)) if use_dot else _pow2(group), USE_DOT=use_dot,
-                               num_warps=warps)
+        return
+    use_dot = kind == "grouped-dot"
+    block_g = max(16, _pow2(group)) if use_dot else _pow2(group)
+    partials = output if splits == 1 else torch.empty(
+        num_tokens * num_kv_heads * splits * block_g * (shape["BLOCK_D"] + 2), dtype=torch.float32,
+        device=output.device)
+    _launch_decode_grouped((num_tokens, num_kv_heads, splits), (*tensors, partials), scalars, **shape,
+                           BLOCK_N=block_n, BLOCK_G=block_g, USE_DOT=use_dot, SPLITS=splits, num_warps=warps)
+    if splits > 1:
+        _launch_decode_combine((num_tokens, num_kv_heads), (output, partials), (os_[0], os_[1]), GROUP=group,
+                               HEAD_DIM=head_dim, BLOCK_D=shape["BLOCK_D"], BLOCK_G=block_g, SPLITS=splits,
+                               num_warps=4)
 
 
-def _decode_variant(num_tokens: int, head_dim: int, dtype: torch.dtype) -> tuple[str, int, int]:
-    """(kernel, BLOCK_N, num_warps) for a decode launch of `num_tokens` tokens.
+def _decode_variant(num_tokens: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype) -> tuple[str, int, int, int]:
+    """(kernel, BLOCK_N, num_warps, SPLITS) for a decode launch of `num_tokens` tokens.
 
     Measured on the H200 (`benchmarks/sweep_decode_attention.py`, Llama-3.2-1B heads, bf16, device time per
     launch): a program per KV head scoring its 4 query heads on tensor cores with 64-key tiles took 3.4 / 5.6 /
@@ -229,7 +283,15 @@ def _decode_variant(num_tokens: int, head_dim: int, dtype: torch.dtype) -> tuple
     11 / 24 us at batch 1 / 64 with 512 (22 / 120), 103 us at batch 1 with 4000 (260). Past 64 tokens 32-key
     tiles keep more programs resident (13 us at 256 with short contexts, 96 with 512). fp32 caches would round
     to tf32 on tensor cores: they keep a program per query head, one warp and 16-key tiles (2.5 / 5.3 / 12 us
-    short, 2-3x faster than 4 warps at batch 64 and 256)."""
+    short, 2-3x faster than 4 warps at batch 64 and 256).
+
+    Below 128 programs (tokens x KV heads) the context is split across up to 16 programs per KV head, merged by
+    a second launch: at batch 1 a program per KV head leaves 8 programs for the whole GPU."""
     if dtype not in (torch.float16, torch.bfloat16):
-        return "head", 16, 1
-    return "grouped-dot", 64 if num_tokens <= 64 and head_dim <= 128 else 32, 4
+        return "head", 16, 1, 1
+    programs = num_tokens * num_kv_heads
+    splits = 1 if programs >= _SPLIT_BELOW_PROGRAMS else min(16, _pow2(-(-2 * _SPLIT_BELOW_PROGRAMS // programs)))
+    return "grouped-dot", 64 if num_tokens <= 64 and head_dim <= 128 else 32, 4, splits
+
+
+_SPLIT_BELOW_PROGRAMS = 128
