@@ -285,13 +285,11 @@ def _decode_variant(num_tokens: int, num_kv_heads: int, head_dim: int,
     to tf32 on tensor cores: they keep a program per query head, one warp and 16-key tiles (2.5 / 5.3 / 12 us
     short, 2-3x faster than 4 warps at batch 64 and 256).
 
-    Below 128 programs (tokens x KV heads) the context is split across up to 16 programs per KV head, merged by
-    a second launch: at batch 1 a program per KV head leaves 8 programs for the whole GPU."""
+    Below 128 programs (tokens x KV heads) the context is split over 4 programs per KV head, merged by a second
+    launch: at batch 1 a program per KV head leaves 8 programs for the whole GPU. At batch 1 that took 99 -> 30 us
+    with 4000 cached tokens and 11.5 -> 6.4 with 512, and costs 1.6 us with 2-30 (3.4 -> 5.0: the merge's launch);
+    16 programs took 14 us with 4000 but 7.7 with 2-30, so 4 is the default. Batch 8: 53 -> 21 us with 2048."""
     if dtype not in (torch.float16, torch.bfloat16):
         return "head", 16, 1, 1
-    programs = num_tokens * num_kv_heads
-    splits = 1 if programs >= _SPLIT_BELOW_PROGRAMS else min(16, _pow2(-(-2 * _SPLIT_BELOW_PROGRAMS // programs)))
+    splits = 4 if num_tokens * num_kv_heads < 128 else 1
     return "grouped-dot", 64 if num_tokens <= 64 and head_dim <= 128 else 32, 4, splits
-
-
-_SPLIT_BELOW_PROGRAMS = 128
