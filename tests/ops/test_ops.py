@@ -228,17 +228,18 @@ def test_triton_decode_and_kv_write_match_reference(heads, layout):
 @pytest.mark.parametrize("variant", [("head", 32, 4, 1), ("head", 16, 1, 1), ("grouped", 16, 2, 1),
                                      ("grouped-dot", 32, 4, 1), ("grouped-dot", 64, 4, 1), ("grouped-dot", 16, 4, 4),
                                      ("grouped", 16, 2, 16), ("grouped-dot", 32, 4, 8), None])
-@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (16, 1)])
-def test_every_decode_kernel_variant_matches_reference(variant, heads):
+@pytest.mark.parametrize("heads, head_dim", [((4, 4), 16), ((8, 2), 16), ((16, 1), 16), ((8, 2), 24)])
+def test_every_decode_kernel_variant_matches_reference(variant, heads, head_dim):
     """Each way the decode kernel can be launched (a program per query head or per KV head, FMA or tensor-core
     scores, tile and warp counts, the context split over programs and merged, or not; None: the default) in fp16,
-    against the float64 reference: contexts within and across tiles and splits, empty sequences, padding rows."""
+    against the float64 reference: contexts within and across tiles and splits, empty sequences, padding rows, a
+    head size that is no power of two."""
     device = triton_device()
     if device is None:
         pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
     from vgc.ops import triton_attention
     case = make_case([(c, 1) for c in (0, 1, 15, 16, 40, 70)] + [(0, 0)], pad=1, num_heads=heads[0],
-                     num_kv_heads=heads[1], head_dim=16, block_size=4)
+                     num_kv_heads=heads[1], head_dim=head_dim, block_size=4)
     case = {k: v.half() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in case.items()}
     ref_out, ref_kc, ref_vc = reference_attention(**case)
     case = {k: v.to(device) if torch.is_tensor(v) else v for k, v in case.items()}

@@ -199,6 +199,8 @@ def _attend_fresh_on_flash(output, query, key, value, query_start_loc, starts, l
     try:
         out = _compat.flash_varlen_forward(query[:total], key[:total], value[:total], cu, max(lens), scale,
                                            causal=True)
+    except torch.OutOfMemoryError:
+        raise
     except RuntimeError as error:   # an architecture, head size or layout the kernel does not take
         _flash_refused.add(signature)
         logger.info("vgc::attention: flash varlen attention refused %s (%s); prefill attends per sequence",
