@@ -225,13 +225,13 @@ def test_triton_decode_and_kv_write_match_reference(heads, layout):
         assert triton_attention._launch_decode.binaries and triton_attention._launch_write_kv.binaries
 
 
-@pytest.mark.parametrize("variant", [("head", 32, 4, 1), ("head", 16, 1, 1), ("grouped", 16, 2, 1),
-                                     ("grouped-dot", 32, 4, 1), ("grouped-dot", 64, 4, 1), ("grouped-dot", 16, 4, 4),
-                                     ("grouped", 16, 2, 16), ("grouped-dot", 32, 4, 8), None])
+@pytest.mark.parametrize("variant", [("head", 32, 4, 1), ("head", 16, 1, 1), ("grouped-dot", 32, 4, 1),
+                                     ("grouped-dot", 64, 4, 1), ("grouped-dot", 16, 4, 4), ("grouped-dot", 16, 2, 16),
+                                     ("grouped-dot", 32, 4, 8), None])
 @pytest.mark.parametrize("heads, head_dim", [((4, 4), 16), ((8, 2), 16), ((16, 1), 16), ((8, 2), 24)])
 def test_every_decode_kernel_variant_matches_reference(variant, heads, head_dim):
-    """Each way the decode kernel can be launched (a program per query head or per KV head, FMA or tensor-core
-    scores, tile and warp counts, the context split over programs and merged, or not; None: the default) in fp16,
+    """Each way the decode kernel can be launched (a program per query head, or per KV head with tensor-core
+    scores; tile and warp counts; the context split over programs and merged, or not; None: the default) in fp16,
     against the float64 reference: contexts within and across tiles and splits, empty sequences, padding rows, a
     head size that is no power of two."""
     device = triton_device()

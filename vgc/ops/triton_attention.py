@@ -50,8 +50,8 @@ if HAS_TRITON:
                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
         # One program per (token, query head); token t is sequence t's last position (uniform single-token
         # decode). The first head of each KV group writes the token's K/V to its slot; every head attends its
-        # cached context plus the new K/V taken from registers, so writing and attending is one launch. For fp32
-        # caches (`_decode_variant`: bf16/fp16 take the grouped kernel below).
+        # cached context plus the new K/V taken from registers, so writing and attending is one launch. It serves
+        # fp32 caches; bf16/fp16 ones take the grouped kernel below (`_decode_variant`).
         token = tl.program_id(0)
         head = tl.program_id(1)
         kv_head = head // GROUP
@@ -106,9 +106,9 @@ if HAS_TRITON:
                                v_stride_h, o_stride_t, o_stride_h, bt_stride, cache_stride_block, cache_stride_slot,
                                cache_stride_h, num_seqs, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_G: tl.constexpr, USE_DOT: tl.constexpr, SPLITS: tl.constexpr):
+                               BLOCK_G: tl.constexpr, SPLITS: tl.constexpr):
         # One program per (token, KV head): the GROUP query heads that share a KV head read its cached K/V once
-        # (the per-head kernel reads them GROUP times). USE_DOT scores the group on tensor cores, its rows padded
+        # (the per-head kernel reads them GROUP times) and are scored together on tensor cores, their rows padded
         # to BLOCK_G >= 16 (bf16/fp16 caches only: an fp32 dot would round to tf32). With SPLITS > 1 each of
         # SPLITS programs takes a slice of the context and writes its softmax state (max, sum, weighted values)
         # to `partials` for `_decode_combine_kernel`: a few sequences then still occupy the GPU.
@@ -137,7 +137,6 @@ if HAS_TRITON:
         heads = kv_head * GROUP + g
         qd_mask = g_mask[:, None] & d_mask[None, :]
         q = tl.load(query + token * q_stride_t + heads[:, None] * q_stride_h + d[None, :], mask=qd_mask, other=0.0)
-        q32 = q.to(tl.float32)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -150,22 +149,16 @@ if HAS_TRITON:
             kv_mask = pos_mask[:, None] & d_mask[None, :]
             k = tl.load(key_cache + offs, mask=kv_mask, other=0.0)
             v = tl.load(value_cache + offs, mask=kv_mask, other=0.0)
-            if USE_DOT:
-                s = tl.dot(q.to(k.dtype), tl.trans(k)) * scale                          # [BLOCK_G, BLOCK_N]
-            else:
-                s = tl.sum(q32[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+            s = tl.dot(q.to(k.dtype), tl.trans(k)) * scale                              # [BLOCK_G, BLOCK_N]
             s = tl.where(pos_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m - m_new)
             l = l * alpha + tl.sum(p, axis=1)
-            if USE_DOT:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            else:
-                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
         if (seq_len > 0) & (split == SPLITS - 1):   # the new token (a padding row of length 0 attends nothing)
-            s_new = tl.sum(q32 * k_new.to(tl.float32)[None, :], axis=1) * scale
+            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale
             m_new = tl.maximum(m, s_new)
             alpha = tl.exp(m - m_new)
             p_new = tl.exp(s_new - m_new)
@@ -236,8 +229,8 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 def decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
                      scale: float, variant: tuple[str, int, int, int] | None = None) -> None:
-    """Uniform decode in one launch: token t is sequence t's last position; its K/V go to its slot (none for
-    a negative slot) and it attends its cached context plus itself. No host sync.
+    """Uniform decode in one launch (two when the context is split): token t is sequence t's last position; its
+    K/V go to its slot (none for a negative slot) and it attends its cached context plus itself. No host sync.
 
     Runs once per layer per step between piece graphs, so it reads each tensor's strides once (host time).
     `variant` forces a kernel as (kind, BLOCK_N, num_warps, SPLITS) (benchmarks, tests); by default `_decode_variant`
@@ -260,13 +253,14 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
     if kind == "head":
         _launch_decode((num_tokens, num_heads), tensors, scalars, **shape, BLOCK_N=block_n, num_warps=warps)
         return
-    use_dot = kind == "grouped-dot"
-    block_g = max(16, _pow2(group)) if use_dot else _pow2(group)
+    if kind != "grouped-dot":
+        raise ValueError(f"decode kernel kind must be 'head' or 'grouped-dot', got {kind!r}")
+    block_g = max(16, _pow2(group))
     partials = output if splits == 1 else torch.empty(
         num_tokens * num_kv_heads * splits * block_g * (shape["BLOCK_D"] + 2), dtype=torch.float32,
         device=output.device)
     _launch_decode_grouped((num_tokens, num_kv_heads, splits), (*tensors, partials), scalars, **shape,
-                           BLOCK_N=block_n, BLOCK_G=block_g, USE_DOT=use_dot, SPLITS=splits, num_warps=warps)
+                           BLOCK_N=block_n, BLOCK_G=block_g, SPLITS=splits, num_warps=warps)
     if splits > 1:
         _launch_decode_combine((num_tokens, num_kv_heads), (output, partials), (os_[0], os_[1]), GROUP=group,
                                HEAD_DIM=head_dim, BLOCK_D=shape["BLOCK_D"], BLOCK_G=block_g, SPLITS=splits,
