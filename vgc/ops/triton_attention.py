@@ -43,6 +43,24 @@ if HAS_TRITON:
             tl.store(value_cache + dst, v.to(value_cache.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _new_kv(key, value, key_cache, value_cache, slot_mapping, token, kv_head, write, k_stride_t, k_stride_h,
+                v_stride_t, v_stride_h, cache_stride_block, cache_stride_slot, cache_stride_h, d, d_mask,
+                BLOCK_SIZE: tl.constexpr):
+        # The token's new K/V for one KV head, in the cache's dtype; stored to its slot by the program that
+        # `write`s (one per KV head) unless the slot is negative (a padding token writes nothing).
+        k_new = tl.load(key + token * k_stride_t + kv_head * k_stride_h + d, mask=d_mask, other=0.0)
+        v_new = tl.load(value + token * v_stride_t + kv_head * v_stride_h + d, mask=d_mask, other=0.0)
+        k_new = k_new.to(key_cache.dtype.element_ty)
+        v_new = v_new.to(value_cache.dtype.element_ty)
+        slot = tl.load(slot_mapping + token).to(tl.int64)
+        if (slot >= 0) & write:
+            dst = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot \
+                + kv_head * cache_stride_h + d
+            tl.store(key_cache + dst, k_new, mask=d_mask)
+            tl.store(value_cache + dst, v_new, mask=d_mask)
+        return k_new, v_new
+
+    @triton.jit
     def _decode_kernel(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
                        scale, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
                        o_stride_t, o_stride_h, bt_stride, cache_stride_block, cache_stride_slot, cache_stride_h,
@@ -57,16 +75,9 @@ if HAS_TRITON:
         kv_head = head // GROUP
         d = tl.arange(0, BLOCK_D)
         d_mask = d < HEAD_DIM
-        k_new = tl.load(key + token * k_stride_t + kv_head * k_stride_h + d, mask=d_mask, other=0.0)
-        v_new = tl.load(value + token * v_stride_t + kv_head * v_stride_h + d, mask=d_mask, other=0.0)
-        k_new = k_new.to(key_cache.dtype.element_ty)
-        v_new = v_new.to(value_cache.dtype.element_ty)
-        slot = tl.load(slot_mapping + token).to(tl.int64)
-        if (slot >= 0) & (head % GROUP == 0):  # a negative slot is a padding token: it writes nothing
-            dst = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot \
-                + kv_head * cache_stride_h + d
-            tl.store(key_cache + dst, k_new, mask=d_mask)
-            tl.store(value_cache + dst, v_new, mask=d_mask)
+        k_new, v_new = _new_kv(key, value, key_cache, value_cache, slot_mapping, token, kv_head, head % GROUP == 0,
+                               k_stride_t, k_stride_h, v_stride_t, v_stride_h, cache_stride_block, cache_stride_slot,
+                               cache_stride_h, d, d_mask, BLOCK_SIZE)
         seq_len = tl.load(seq_lens + token, mask=token < num_seqs, other=0)
         q = tl.load(query + token * q_stride_t + head * q_stride_h + d, mask=d_mask, other=0.0).to(tl.float32)
         m = tl.full([1], float("-inf"), tl.float32)
@@ -119,16 +130,9 @@ if HAS_TRITON:
         d_mask = d < HEAD_DIM
         g = tl.arange(0, BLOCK_G)
         g_mask = g < GROUP
-        k_new = tl.load(key + token * k_stride_t + kv_head * k_stride_h + d, mask=d_mask, other=0.0)
-        v_new = tl.load(value + token * v_stride_t + kv_head * v_stride_h + d, mask=d_mask, other=0.0)
-        k_new = k_new.to(key_cache.dtype.element_ty)
-        v_new = v_new.to(value_cache.dtype.element_ty)
-        slot = tl.load(slot_mapping + token).to(tl.int64)
-        if (slot >= 0) & (split == 0):  # a negative slot is a padding token: it writes nothing
-            dst = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot \
-                + kv_head * cache_stride_h + d
-            tl.store(key_cache + dst, k_new, mask=d_mask)
-            tl.store(value_cache + dst, v_new, mask=d_mask)
+        k_new, v_new = _new_kv(key, value, key_cache, value_cache, slot_mapping, token, kv_head, split == 0,
+                               k_stride_t, k_stride_h, v_stride_t, v_stride_h, cache_stride_block, cache_stride_slot,
+                               cache_stride_h, d, d_mask, BLOCK_SIZE)
         seq_len = tl.load(seq_lens + token, mask=token < num_seqs, other=0)
         context = tl.maximum(seq_len - 1, 0)   # the cached positions: every one but the last
         per_split = tl.cdiv(tl.cdiv(context, SPLITS), BLOCK_N) * BLOCK_N
