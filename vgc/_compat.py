@@ -433,7 +433,7 @@ def cpu_vec_isa() -> str:
 def wrap_cpu_isa_probe(wrap: Callable[[Callable], Callable]) -> bool:
     """Replace Inductor's CPU vector-ISA load probe (`VecISA._probe_load(self, output_path) -> bool`: a
     subprocess that `dlopen`s a test library, torch >= 2.13) by `wrap(probe)`; False where torch has no such
-    probe (before 2.13 it probes in-process) and nothing was replaced."""
+    probe (before 2.13: `wrap_cpu_isa_check`) and nothing was replaced."""
     from torch._inductor.cpu_vec_isa import VecISA
 
     probe = getattr(VecISA, "_probe_load", None)
@@ -441,6 +441,33 @@ def wrap_cpu_isa_probe(wrap: Callable[[Callable], Callable]) -> bool:
         return False
     VecISA._probe_load = wrap(probe)
     return True
+
+
+def wrap_cpu_isa_check(wrap: Callable[[Callable], Callable]) -> bool:
+    """Replace Inductor's whole CPU vector-ISA check (`VecISA.check_build(self, code) -> bool`, torch < 2.13: it
+    builds a test library if needed, then loads it in a child Python that imports torch, about 3 s per ISA on a
+    2-core machine) by `wrap(check)`; False where torch has the separate load probe (`wrap_cpu_isa_probe`)."""
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    check = getattr(VecISA, "check_build", None)
+    if check is None or hasattr(VecISA, "_probe_load"):
+        return False
+    VecISA.check_build = wrap(check)
+    return True
+
+
+def inductor_cpp_compiler() -> str:
+    """Inductor's configured C++ compiler (`config.cpp.cxx`, private config module), for records of what it built."""
+    import torch._inductor.config as inductor_config
+
+    return repr(inductor_config.cpp.cxx)
+
+
+def inductor_cache_dir() -> str:
+    """The directory Inductor keeps its compiled kernels in now (private `cache_dir_utils`)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
 
 
 # ---- Dynamo: dynamic dims, guards, compile ids, errors, recompile limits, tracing context -------------------------
