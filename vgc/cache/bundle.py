@@ -33,6 +33,7 @@ from filelock import FileLock
 
 from vgc._version import __version__
 from vgc.cache import inventory, verify
+from vgc.cache.cpu_isa import MARKER_DIR as ISA_MARKER_DIR
 from vgc.cache.keys import compiles, diff_factors, environment_factors
 from vgc.cache.layout import atomic_file, CACHE_SUBDIR, FACTORS_FILE, LOCK_DIR, make_private_dirs, untrusted_reason
 from vgc.cache.recovery import INDUCTOR_SUBDIR
@@ -71,11 +72,11 @@ class Bundle:
 
 # ---- pack ----
 def _bundled(relative: PurePosixPath) -> bool:
-    """Whether a file under the root travels: not locks, temporary files, hidden files or probe markers (whose
-    fingerprint names this machine's interpreter)."""
+    """Whether a file under the root travels: not locks, temporary files, hidden files or ISA probe records (whose
+    fingerprint names this machine's CPU and interpreter)."""
     name = relative.name
-    return LOCK_DIR not in relative.parts and not name.startswith(".") and \
-        not name.endswith((".lock", ".tmp")) and ".vgc-loads-" not in name
+    return LOCK_DIR not in relative.parts and ISA_MARKER_DIR not in relative.parts and not name.startswith(".") \
+        and not name.endswith((".lock", ".tmp")) and ".vgc-loads-" not in name
 
 
 def _files_under(root: Path, top: Path) -> list[tuple[str, Path]]:
