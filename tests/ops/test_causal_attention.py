@@ -109,3 +109,11 @@ def test_a_sliced_bias_reaches_sdpa_aligned(monkeypatch):
         assert bias.storage_offset() % 16 == 0 and bias.stride(0) % 16 == 0 and bias.shape[-1] == kept
         torch.testing.assert_close(got.double(), written_out(query, key, value, mask[:, -9:], 0.3, window),
                                    atol=1e-5, rtol=1e-5)
+    # A bias with values other than 0 and -inf keeps them through the aligned copy
+    bias = -torch.rand(2, 11)
+    got = torch.ops.vgc.causal_attention(query, key, value, bias, 0.3, None)
+    assert seen[-1].storage_offset() % 16 == 0 and torch.equal(seen[-1].reshape(2, 9), bias[:, -9:])
+    grouped = query.reshape(2, 2, 2, 8)
+    want = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=bias[:, None, None, -9:],
+                                                            scale=0.3)
+    torch.testing.assert_close(got, want.reshape(2, 1, 4, 8), atol=1e-6, rtol=1e-6)

@@ -45,8 +45,10 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         if padding_mask is not None and padding_mask.is_floating_point():
             if padding_mask.storage_offset() % _ALIGN or padding_mask.stride(0) % _ALIGN:
                 # a sliding window's last columns (or a caller's own bias): the memory-efficient kernel reads the
-                # bias in aligned vectors and faults on a misaligned start (H200: "misaligned address")
-                padding_mask = padding_bias(padding_mask == 0, padding_mask.dtype)
+                # bias in aligned vectors and faults on a misaligned start (H200: "misaligned address"); one copy
+                # into aligned rows keeps its values
+                padding_mask = _aligned_rows(padding_mask.shape, padding_mask.dtype, padding_mask.device).copy_(
+                    padding_mask)
             # [batch, 1, 1, kv] keeping the rows' stride for every leading dim: aligned as padding_bias made it
             row = padding_mask.stride(0)
             mask = padding_mask.as_strided((batch, 1, 1, kv), (row, row, row, padding_mask.stride(1)))
@@ -75,9 +77,13 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 def padding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The additive form of a [batch, kv] padding mask (nonzero = real) for `causal_attention`: [batch, kv] of 0 and
     -inf in `dtype`, its rows a multiple of 16 elements apart."""
-    batch, kv = mask.shape
-    bias = torch.zeros(batch, kv + (-kv % _ALIGN), dtype=dtype, device=mask.device)[:, :kv]
-    return bias.masked_fill_(mask.logical_not(), float("-inf"))
+    return _aligned_rows(mask.shape, dtype, mask.device).zero_().masked_fill_(mask.logical_not(), float("-inf"))
+
+
+def _aligned_rows(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised [batch, kv] tensor whose rows start a multiple of 16 elements apart."""
+    batch, kv = shape
+    return torch.empty(batch, kv + (-kv % _ALIGN), dtype=dtype, device=device)[:, :kv]
 
 
 @causal_attention.register_fake
