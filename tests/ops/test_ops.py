@@ -290,3 +290,37 @@ def test_inside_a_graph_several_tokens_per_sequence_attend_on_the_device(name, s
     assert_same(kc, ref_kc)
     assert_same(vc, ref_vc)
     assert not reads
+
+
+def test_fresh_prefill_falls_back_when_flash_refuses_and_raises_out_of_memory(monkeypatch):
+    """The CUDA path's fresh-prefill launch (`flash_varlen_forward`) on a device whose flash kernel refuses (the CPU
+    has none: a real refusal): the prefill attends per sequence, equal to the reference, and the refusal is
+    remembered (no second try). An out-of-memory error there is raised, not taken for a refusal."""
+    import importlib
+
+    attention_module = importlib.import_module("vgc.ops.attention")   # the package's `attention` is the op
+    calls = []
+    flash = attention_module._compat.flash_varlen_forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return flash(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module._compat, "flash_varlen_forward", counted)
+    monkeypatch.setattr(attention_module, "_flash_refused", set())
+    case = make_case(**CASES["prefill"])
+    case = {k: v.bfloat16() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in case.items()}
+    ref_out, _, _ = reference_attention(**case)
+    for _ in range(2):
+        out, _, _ = run_op(case, impl="sdpa")
+        torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
+    assert len(calls) == 1 and attention_module._flash_refused == {(torch.device("cpu"), torch.bfloat16, 8)}
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("injected")
+
+    monkeypatch.setattr(attention_module._compat, "flash_varlen_forward", out_of_memory)
+    monkeypatch.setattr(attention_module, "_flash_refused", set())
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        run_op(case, impl="sdpa")
+    assert not attention_module._flash_refused
