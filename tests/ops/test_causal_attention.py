@@ -117,3 +117,24 @@ def test_a_sliced_bias_reaches_sdpa_aligned(monkeypatch):
     want = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=bias[:, None, None, -9:],
                                                             scale=0.3)
     torch.testing.assert_close(got, want.reshape(2, 1, 4, 8), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("q, kv, window", [(1, 9, None), (4, 4, None), (3, 11, None), (3, 11, 5)],
+                         ids=["decode", "prefill", "chunk", "chunk-window"])
+def test_a_bias_of_any_values_is_added_as_sdpa_adds_it(q, kv, window):
+    """A float padding mask is an additive bias in every path: a caller's own values, not only 0 and -inf, reach the
+    scores unchanged (a prefill once read any nonzero value as padding)."""
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 4, q, 8), torch.randn(2, 2, kv, 8), torch.randn(2, 2, kv, 8)
+    bias = -torch.rand(2, kv) * 3
+    bias[1, :2] = float("-inf")   # left padding among the finite values
+    got = torch.ops.vgc.causal_attention(query, key, value, bias, 0.3, window)
+    positions = torch.arange(kv)
+    allowed = positions[None, :] <= positions[kv - q:, None]
+    if window is not None:
+        allowed &= positions[None, :] > positions[kv - q:, None] - window
+    full = bias[:, None, :].masked_fill(~allowed, float("-inf"))
+    full = full.masked_fill(torch.isneginf(full).all(-1, keepdim=True), 0)   # a row with no key attends to all
+    want = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(2, dim=1), value.repeat_interleave(2, dim=1), attn_mask=full[:, None], scale=0.3)
+    torch.testing.assert_close(got, want.transpose(1, 2), atol=1e-5, rtol=1e-5)

@@ -2,11 +2,11 @@
 
 The shape transformers' models attend in: queries [batch, heads, q, dim], keys and values [batch, kv_heads, kv,
 dim] (the cache's, new tokens last), an optional padding mask [batch, kv]: bool (True = a real token) as generate()
-keeps it, or its additive bias (0 = real, -inf = padding, the queries' dtype) from `padding_bias`, which a caller
-makes once per step for every layer: on a GPU, SDPA would otherwise turn a bool mask into a bias, and pad it for
-its memory-efficient kernel, in every layer. The causal mask is built here, from the shapes of this call, so a
-caller that runs this op eagerly between captured segments (breakable CUDA graphs) serves every KV length with one
-capture.
+keeps it, or an additive bias in the queries' dtype, added to the scores as it is (`padding_bias` makes one of 0 =
+real and -inf = padding), which a caller makes once per step for every layer: on a GPU, SDPA would otherwise
+turn a bool mask into a bias, and pad it for its memory-efficient kernel, in every layer. The causal mask is built
+here, from the shapes of this call, so a caller that runs this op eagerly between captured segments (breakable CUDA
+graphs) serves every KV length with one capture.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     kv_heads, kv = key.shape[1], key.shape[2]
     if padding_mask is not None and padding_mask.shape[1] > kv:
         padding_mask = padding_mask[:, -kv:]
-    if padding_mask is not None and padding_mask.is_floating_point() and q > 1:
-        padding_mask = padding_mask == 0
     if q == 1 and window is not None and kv > window:   # keys before the window: out of sight, sliced off (views)
         key, value = key[:, :, kv - window:], value[:, :, kv - window:]
         padding_mask = None if padding_mask is None else padding_mask[:, kv - window:]
@@ -67,10 +65,15 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         allowed = positions[None, :] <= positions[kv - q:, None]                 # [q, kv]
         if window is not None:
             allowed = allowed & (positions[None, :] > positions[kv - q:, None] - window)
-        if padding_mask is not None:
-            allowed = allowed[None] & padding_mask.to(torch.bool)[:, None, :]     # [batch, q, kv]
-        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
-        out = sdpa(query, key, value, attn_mask=allowed.unsqueeze(-3), scale=scale)
+        if padding_mask is not None and padding_mask.is_floating_point():
+            # a bias keeps its values, as in a decode step (padding_bias's are 0 and -inf; a caller's may be any)
+            mask = padding_mask[:, None, :].masked_fill(~allowed, float("-inf"))    # [batch, q, kv]
+            mask = mask.masked_fill(torch.isneginf(mask).all(dim=-1, keepdim=True), 0)
+        else:
+            if padding_mask is not None:
+                allowed = allowed[None] & padding_mask.to(torch.bool)[:, None, :]     # [batch, q, kv]
+            mask = allowed | ~allowed.any(dim=-1, keepdim=True)
+        out = sdpa(query, key, value, attn_mask=mask.unsqueeze(-3), scale=scale)
     return out.transpose(1, 2).contiguous()
 
 
