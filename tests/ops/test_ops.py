@@ -228,12 +228,12 @@ def test_triton_decode_and_kv_write_match_reference(heads, layout):
 @pytest.mark.parametrize("variant", [("head", 32, 4, 1), ("head", 16, 1, 1), ("grouped-dot", 32, 4, 1),
                                      ("grouped-dot", 64, 4, 1), ("grouped-dot", 16, 4, 4), ("grouped-dot", 16, 2, 16),
                                      ("grouped-dot", 32, 4, 8), None])
-@pytest.mark.parametrize("heads, head_dim", [((4, 4), 16), ((8, 2), 16), ((16, 1), 16), ((8, 2), 24)])
+@pytest.mark.parametrize("heads, head_dim", [((4, 4), 16), ((8, 2), 16), ((16, 1), 16), ((8, 2), 24), ((8, 2), 8)])
 def test_every_decode_kernel_variant_matches_reference(variant, heads, head_dim):
     """Each way the decode kernel can be launched (a program per query head, or per KV head with tensor-core
     scores; tile and warp counts; the context split over programs and merged, or not; None: the default) in fp16,
     against the float64 reference: contexts within and across tiles and splits, empty sequences, padding rows, a
-    head size that is no power of two."""
+    head size that is no power of two, one below the 16 a tensor-core product needs (compiled on a GPU only)."""
     device = triton_device()
     if device is None:
         pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
@@ -250,6 +250,26 @@ def test_every_decode_kernel_variant_matches_reference(variant, heads, head_dim)
     torch.testing.assert_close(output.cpu().float(), ref_out.float(), atol=1e-2, rtol=0)
     assert_same(case["key_cache"].cpu(), ref_kc)
     assert_same(case["value_cache"].cpu(), ref_vc)
+
+
+@pytest.mark.parametrize("variant, dtype, message", [
+    (("head", 32, 4, 4), torch.float16, "does not split the context"),
+    (("grouped-dot", 32, 4, 1), torch.float32, "round a torch.float32 cache to tf32"),
+    (("fma", 32, 4, 1), torch.float16, "must be 'head' or 'grouped-dot', got 'fma'"),
+])
+def test_a_decode_variant_that_cannot_serve_the_call_is_refused_before_any_launch(variant, dtype, message):
+    """Refused on the host, naming the problem: no kernel is compiled or launched for them."""
+    if triton_device() is None:
+        pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
+    from vgc.ops import triton_attention
+    case = make_case([(3, 1)], pad=0, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4)
+    case = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in case.items()}
+    output = torch.full_like(case["query"], float("nan"))
+    with pytest.raises(ValueError, match=message):
+        triton_attention.decode_attention(output, case["query"], case["key"], case["value"], case["key_cache"],
+                                          case["value_cache"], case["slot_mapping"], case["block_table"],
+                                          case["seq_lens"], case["scale"], variant=variant)
+    assert output.isnan().all()
 
 
 def test_varlen_attention_attends_within_each_sequence_and_zeroes_padding_rows():

@@ -259,6 +259,12 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
         return
     if kind != "grouped-dot":
         raise ValueError(f"decode kernel kind must be 'head' or 'grouped-dot', got {kind!r}")
+    if key_cache.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"the grouped decode kernel scores on tensor cores, which would round a {key_cache.dtype} "
+                         "cache to tf32; use the 'head' kernel for it")
+    # Tensor cores take 16-bit products of K >= 16 (Triton refuses a smaller one at compile time on NVIDIA GPUs):
+    # a head of 8 or fewer elements is padded to 16, its extra columns masked.
+    shape["BLOCK_D"] = max(16, shape["BLOCK_D"])
     block_g = max(16, _pow2(group))
     partials = output if splits == 1 else torch.empty(
         num_tokens * num_kv_heads * splits * block_g * (shape["BLOCK_D"] + 2), dtype=torch.float32,
