@@ -89,6 +89,7 @@ CASES = {
     "decode": dict(specs=[(c, 1) for c in (1, 3, 4, 8, 13)]),
     "mixed": dict(specs=[(0, 5), (7, 1), (13, 4), (9, 0), (0, 0), (2, 3)]),
     "padded": dict(specs=[(0, 4), (6, 1)], pad=3),
+    "prefill_padded": dict(specs=[(0, 4), (0, 3)], pad=2),   # new sequences only, then padding rows
 }
 
 

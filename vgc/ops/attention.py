@@ -203,8 +203,10 @@ def _attend_fresh_on_flash(output, query, key, value, query_start_loc, starts, l
         raise
     except RuntimeError as error:   # an architecture, head size or layout the kernel does not take
         _flash_refused.add(signature)
-        logger.info("vgc::attention: flash varlen attention refused %s (%s); prefill attends per sequence",
-                    signature, error)
+        # on a GPU this costs every later prefill of new sequences its one-launch path: worth a warning (once)
+        logger.log(logging.WARNING if query.is_cuda else logging.INFO,
+                   "vgc::attention: flash varlen attention refused %s (%s); prefill attends per sequence",
+                   signature, error)
         return False
     output[:total] = out
     output[total:].zero_()
