@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import re
 import sys
 import types
@@ -457,10 +458,24 @@ def wrap_cpu_isa_check(wrap: Callable[[Callable], Callable]) -> bool:
 
 
 def inductor_cpp_compiler() -> str:
-    """Inductor's configured C++ compiler (`config.cpp.cxx`, private config module), for records of what it built."""
+    """Inductor's configured C++ compiler (`config.cpp.cxx`, private config module) and the binary its first
+    name resolves to (path, size, modification time), for records of what it built: a compiler upgraded or
+    replaced under the same name is another compiler."""
+    import shutil
+
     import torch._inductor.config as inductor_config
 
-    return repr(inductor_config.cpp.cxx)
+    configured = inductor_config.cpp.cxx
+    names = [name for name in (configured if isinstance(configured, tuple) else (configured,)) if name]
+    binary = next(filter(None, map(shutil.which, names)), None)
+    if binary is None:
+        return repr((configured, None))
+    binary = os.path.realpath(binary)
+    try:
+        status = os.stat(binary)
+    except OSError:
+        return repr((configured, binary))
+    return repr((configured, binary, status.st_size, status.st_mtime_ns))
 
 
 def inductor_cache_dir() -> str:

@@ -55,3 +55,26 @@ def test_a_cpu_isa_check_that_passed_is_not_run_again(layout, tmp_path, monkeypa
     if layout == "probe":
         library.unlink()                                              # the library gone: its record means nothing
         assert check() is True and len(runs) == 5
+
+
+def test_a_compiler_replaced_under_the_same_name_checks_again(tmp_path, monkeypatch):
+    """torch < 2.13 layout: the record names the compiler binary itself, so an upgraded g++ is checked anew."""
+    import os
+
+    import torch._inductor.config as inductor_config
+
+    runs = []
+    isa_class = _isa_class("check", runs, [True])
+    monkeypatch.setattr(cpu_vec_isa, "VecISA", isa_class)
+    monkeypatch.setattr(_compat, "inductor_cache_dir", lambda: str(tmp_path))
+    compiler = tmp_path / "bin" / "c++"
+    compiler.parent.mkdir()
+    compiler.write_text("#!/bin/sh\n")
+    compiler.chmod(0o755)
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(compiler)))
+    cpu_isa.remember_cpu_isa_probes.__wrapped__()
+
+    assert isa_class().check_build("code") and isa_class().check_build("code") and len(runs) == 1
+    compiler.write_text("#!/bin/sh\n# another version\n")
+    os.utime(compiler, ns=(1, 1))
+    assert isa_class().check_build("code") and len(runs) == 2
