@@ -71,10 +71,10 @@ def test_a_compiler_replaced_under_the_same_name_checks_again(tmp_path, monkeypa
     compiler.parent.mkdir()
     compiler.write_text("#!/bin/sh\n")
     compiler.chmod(0o755)
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(compiler)))
     cpu_isa.remember_cpu_isa_probes.__wrapped__()
 
-    assert isa_class().check_build("code") and isa_class().check_build("code") and len(runs) == 1
-    compiler.write_text("#!/bin/sh\n# another version\n")
-    os.utime(compiler, ns=(1, 1))
-    assert isa_class().check_build("code") and len(runs) == 2
+    with inductor_config.patch({"cpp.cxx": (None, str(compiler))}):   # restored after, unlike a monkeypatch
+        assert isa_class().check_build("code") and isa_class().check_build("code") and len(runs) == 1
+        compiler.write_text("#!/bin/sh\n# another version\n")
+        os.utime(compiler, ns=(1, 1))
+        assert isa_class().check_build("code") and len(runs) == 2
