@@ -67,6 +67,17 @@ def test_packing_is_reproducible_and_a_bundle_shows_and_verifies(packed, tmp_pat
     assert "0 problems; it can be unpacked here" in capsys.readouterr().out
 
 
+def test_pack_onto_a_directory_is_refused_and_removes_nothing(packed, tmp_path, capsys):
+    """`-o` naming a directory (a typo, or `-o .`) must not replace it: its files are the user's."""
+    root, _, _ = packed
+    keep = tmp_path / "precious"
+    keep.mkdir()
+    (keep / "thesis.txt").write_text("x")
+    assert vgc_main(["cache", "--root", str(root), "pack", "-o", str(keep)]) == 2
+    assert "names a directory; give a file name" in capsys.readouterr().out
+    assert (keep / "thesis.txt").read_text() == "x"
+
+
 def test_a_bundle_unpacked_under_another_root_and_environment_loads_without_compiling(packed, tmp_path):
     _, bundle, outputs = packed
     root = tmp_path / "elsewhere" / "cache"

@@ -111,6 +111,8 @@ def pack(root: Path, output: Path, prefixes: Iterable[str] = (), *, kernels: boo
     or not at all; returns the manifest. An entry a start could not load (`vgc cache verify` finds a problem) is
     refused: a bundle must not carry damage to other machines."""
     root, output = Path(root), Path(output)
+    if output.is_dir():   # never replaced: it is the user's, not a file vgc wrote
+        raise ValueError(f"pack -o {output} names a directory; give a file name, e.g. -o {output / 'cache.vgcb'}")
     chosen = select_entries(root, prefixes)
     damaged = {e.hash: verify.verify_entry(e) for e in chosen}
     damaged = {h: p for h, p in damaged.items() if p}
