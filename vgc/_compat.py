@@ -466,7 +466,7 @@ def inductor_cpp_compiler() -> str:
     import torch._inductor.config as inductor_config
 
     configured = inductor_config.cpp.cxx
-    names = [name for name in (configured if isinstance(configured, tuple) else (configured,)) if name]
+    names = [name for name in (configured if isinstance(configured, (list, tuple)) else (configured,)) if name]
     binary = next(filter(None, map(shutil.which, names)), None)
     if binary is None:
         return repr((configured, None))

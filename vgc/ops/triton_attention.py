@@ -259,7 +259,7 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
         return
     if kind != "grouped-dot":
         raise ValueError(f"decode kernel kind must be 'head' or 'grouped-dot', got {kind!r}")
-    if key_cache.dtype not in (torch.float16, torch.bfloat16):
+    if key_cache.dtype not in _TENSOR_CORE_DTYPES:
         raise ValueError(f"the grouped decode kernel scores on tensor cores, which would round a {key_cache.dtype} "
                          "cache to tf32; use the 'head' kernel for it")
     # Tensor cores take 16-bit products of K >= 16 (Triton refuses a smaller one at compile time on NVIDIA GPUs):
@@ -275,6 +275,10 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
         _launch_decode_combine((num_tokens, num_kv_heads), (output, partials), (os_[0], os_[1]), GROUP=group,
                                HEAD_DIM=head_dim, BLOCK_D=shape["BLOCK_D"], BLOCK_G=block_g, SPLITS=splits,
                                num_warps=4)
+
+
+# Caches the grouped kernel scores on tensor cores (an fp32 cache would be rounded to tf32 there).
+_TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _decode_variant(num_tokens: int, num_kv_heads: int, head_dim: int,
@@ -293,7 +297,7 @@ def _decode_variant(num_tokens: int, num_kv_heads: int, head_dim: int,
     launch: at batch 1 a program per KV head leaves 8 programs for the whole GPU. At batch 1 that took 99 -> 30 us
     with 4000 cached tokens and 11.5 -> 6.4 with 512, and costs 1.6 us with 2-30 (3.4 -> 5.0: the merge's launch);
     16 programs took 14 us with 4000 but 7.7 with 2-30, so 4 is the default. Batch 8: 53 -> 21 us with 2048."""
-    if dtype not in (torch.float16, torch.bfloat16):
+    if dtype not in _TENSOR_CORE_DTYPES:
         return "head", 16, 1, 1
     splits = 4 if num_tokens * num_kv_heads < 128 else 1
     return "grouped-dot", 64 if num_tokens <= 64 and head_dim <= 128 else 32, 4, splits
