@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from vgc.cudagraph.breakable_capture import BreakableGraphs, DEFAULT_BREAKS
+from vgc.integrations import attention_probe
 from vgc.ops import causal_attention
 from vgc.ops.causal_attention import padding_bias
 
@@ -50,6 +51,8 @@ _DUMMY_PROMPT = 4                   # tokens of each warm-up generate()'s prompt
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
               sliding_window=None, s_aux=None, **kwargs):
     """transformers' attention interface: [batch, heads, q, dim] queries against the cache's keys and values."""
+    if attention_probe.record(module, PADDING_MASK in kwargs, attention_mask):
+        return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
     refuse_unsupported(module, softcap, s_aux, "vgc::causal_attention",
                        "serve this model eagerly or with torch.compile")
     if dropout:
@@ -220,13 +223,35 @@ def breakable(model: torch.nn.Module, *, batch_sizes: list[int] = (1,), breaks=N
         raise ValueError(f"batch_sizes must be positive ints, got {list(batch_sizes)}")
     if model.training:
         raise ValueError("breakable graphs serve inference: call model.eval() first")
-    decode = BreakableDecode(model, sizes, breaks)
+    original_attention = model.config._attn_implementation
     set_attention(model, ATTENTION)
+    try:
+        attention_probe.check(model, model.config.get_text_config(), lambda: _probe_forward(model),
+                              "vgc.integrations.transformers.breakable")
+        decode = BreakableDecode(model, sizes, breaks)
+    except ValueError:
+        set_attention(model, original_attention)
+        raise
     model.forward = functools.wraps(decode.forward)(decode)
     model.vgc_breakable = decode
     if warmup:
         decode.warmup()
     return model
+
+
+def _probe_forward(model: torch.nn.Module) -> None:
+    """A prefill of two rows, one left-padded, the way the router runs one (generate()'s keywords, the 2-D mask
+    under PADDING_MASK)."""
+    device = next(model.parameters()).device
+    ids = torch.ones(2, 3, dtype=torch.long, device=device)
+    mask = torch.ones_like(ids)
+    mask[1, 0] = 0
+    parameters = inspect.signature(model.forward).parameters
+    kwargs = {"cache" if "cache" in parameters else "past_key_values": DynamicCache(), "use_cache": True,
+              PADDING_MASK: mask.bool()}
+    if "position_ids" in parameters:
+        kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    model.forward(input_ids=ids, attention_mask=mask, **kwargs)
 
 
 __all__ = ["ATTENTION", "BreakableDecode", "attention", "breakable", "causal_attention", "refuse_unsupported",

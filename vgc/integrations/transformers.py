@@ -41,6 +41,7 @@ from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size
+from vgc.integrations import attention_probe
 from vgc.integrations.breakable_generate import breakable, refuse_unsupported, set_attention
 from vgc.integrations.vision_towers import encoder_manager, vision_adapter
 
@@ -75,6 +76,8 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     the flat batch's new tokens; returns [1, N, H, D]. `attention_mask` is None (no mask function is registered
     for "vgc"): the lengths in the flat batch say what each token sees."""
     batch = kwargs.get(_BATCH)
+    if attention_probe.record(module, batch is not None, attention_mask):
+        return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
     if batch is None:
         raise RuntimeError("attn_implementation='vgc' runs only inside a model prepared by "
                            "vgc.integrations.transformers.compile(model); call that model's generate() or forward")
@@ -215,7 +218,7 @@ class GenerationEngine:
                             ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        text = _text_config(model)
         _check_supported(model, text, max_cache_len)
         self.model = model
         self.max_batch_size, self.max_cache_len, self.block_size = max_batch_size, max_cache_len, block_size
@@ -429,14 +432,20 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
         raise ValueError(f"{type(model).__name__} is an encoder-decoder model; vgc.integrations.transformers "
                          "serves decoder-only causal LMs")
     if max_cache_len is None:
-        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        max_cache_len = min(getattr(text, "max_position_embeddings", None) or 4096, 4096)
+        max_cache_len = min(getattr(_text_config(model), "max_position_embeddings", None) or 4096, 4096)
     original_attention = model.config._attn_implementation
     engine = GenerationEngine(model, max_batch_size=max_batch_size, max_cache_len=max_cache_len,
                               block_size=block_size, config=config)
     forward, generate = model.forward, model.generate
     cache_name = engine.cache_keyword
     set_attention(model, ATTENTION)
+    try:   # two short sequences through the flat forward, eagerly: every attention layer must be vgc's
+        attention_probe.check(model, _text_config(model),
+                              lambda: FlatModel(model, max_cache_len)(**engine._prefill_example(4)),
+                              "vgc.integrations.transformers.compile")
+    except ValueError:
+        set_attention(model, original_attention)
+        raise
 
     @functools.wraps(forward)
     def vgc_forward(input_ids=None, attention_mask=None, *args, **kwargs):
@@ -496,6 +505,10 @@ def _refuse_ranges(max_size) -> None:
     if max_size:
         raise ValueError(f"compile_ranges_max_size={max_size}: the transformers integration runs one trace (its "
                          "flat batches have no size conditions); leave it 0")
+
+
+def _text_config(model: torch.nn.Module):
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
 
 def _check_supported(model: torch.nn.Module, text, max_cache_len: int) -> None:

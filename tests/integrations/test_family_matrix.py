@@ -1,0 +1,153 @@
+"""Every transformers causal LM class through vgc's three generate() paths: eager's tokens or a clear refusal, never
+other tokens (tests/family_matrix.py builds the classes and runs the requests; `python tools/family_matrix.py`
+prints the table that docs/transformers.md carries).
+
+The probe that refuses a model whose attention is not vgc's runs at prepare time with no compiler, so the refusals
+of the families that gave other tokens before (Bloom, GPT-Neo) and crashed (MPT, Falcon with ALiBi, StableLM) are
+checked in the quick suite; the whole matrix (~190 classes, ~15 min) is extended."""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+import family_matrix  # noqa: E402  (tests/ is on sys.path)
+from vgc.integrations import transformers as vgc_transformers  # noqa: E402
+
+T = transformers
+
+
+def _large(model):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0, 0.2)
+    return model.eval()
+
+
+REFUSED = {
+    # the issue's repro: other tokens than eager from the first token, every row, before the probe
+    "bloom": (lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=256, hidden_size=64, n_layer=2, n_head=4,
+                                                       pad_token_id=0)), "none of its 2 attention layers calls"),
+    # other tokens in the left-padded rows
+    "gpt_neo": (lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+                                                           attention_types=[[["global", "local"], 1]])),
+                "none of its 2 attention layers calls"),
+    "mpt": (lambda: T.MptForCausalLM(T.MptConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4)),
+            "its forward fails with vgc's attention"),
+    "falcon_alibi": (lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2,
+                                                                num_attention_heads=4, alibi=True)),
+                     "its forward fails with vgc's attention"),
+    # its decoder layers call the attention without the keyword arguments they were given
+    "stablelm": (lambda: T.StableLmForCausalLM(T.StableLmConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                                                num_hidden_layers=2, num_attention_heads=4,
+                                                                num_key_value_heads=4)),
+                 "2 of its 2 attention calls arrive without the keyword arguments"),
+}
+PROMPTS = torch.tensor([[5, 17, 42, 8, 99, 3], [0, 0, 7, 8, 9, 10], [0, 0, 0, 0, 1, 2]])
+REQUEST = dict(attention_mask=(PROMPTS != 0).long(), max_new_tokens=8, do_sample=False, pad_token_id=0,
+               eos_token_id=None)
+
+
+@pytest.mark.parametrize("family", REFUSED)
+@pytest.mark.parametrize("path", ["compile", "breakable"])
+def test_a_model_whose_attention_is_not_vgcs_is_refused_and_left_as_it_was(family, path):
+    build, reason = REFUSED[family]
+    torch.manual_seed(0)
+    reference = _large(build())
+    model = copy.deepcopy(reference)
+    attention = model.config._attn_implementation
+    prepare = vgc_transformers.compile if path == "compile" else vgc_transformers.breakable
+    with pytest.raises(ValueError, match=rf"{type(model).__name__} cannot be served by "
+                                         rf"vgc.integrations.transformers.{path}: {reason}.*backend='vgc'"):
+        prepare(model)
+    # nothing half-prepared is left behind: the model still gives eager's tokens
+    assert model.config._attn_implementation == attention
+    assert getattr(model, "vgc", None) is None and getattr(model, "vgc_breakable", None) is None
+    with torch.no_grad():
+        assert torch.equal(model.generate(PROMPTS, **REQUEST), reference.generate(PROMPTS, **REQUEST))
+
+
+def _llama():
+    config = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(config).eval()
+
+
+class _OwnAttention(torch.nn.Module):
+    """An attention layer of a user's own that computes its attention itself (SDPA, causal, no cache)."""
+
+    def __init__(self, original):
+        super().__init__()
+        self.original = original
+
+    def forward(self, hidden_states, **kwargs):
+        attention = self.original
+        batch, length, _ = hidden_states.shape
+        q, k, v = (projection(hidden_states).view(batch, length, -1, attention.head_dim).transpose(1, 2)
+                   for projection in (attention.q_proj, attention.k_proj, attention.v_proj))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return attention.o_proj(out.transpose(1, 2).reshape(batch, length, -1)), None
+
+
+@pytest.mark.parametrize("path", ["compile", "breakable"])
+def test_one_layer_of_its_own_among_vgcs_is_refused(path):
+    model = _llama()
+    model.model.layers[1].self_attn = _OwnAttention(model.model.layers[1].self_attn)
+    prepare = vgc_transformers.compile if path == "compile" else vgc_transformers.breakable
+    with pytest.raises(ValueError, match="declares 3 attention layers, but 2 attention modules called"):
+        prepare(model)
+
+
+@pytest.mark.parametrize("path", ["compile", "breakable"])
+def test_a_mask_the_model_builds_itself_is_refused(path, monkeypatch):
+    """A model that hands the attention function a mask or bias of its own (as ALiBi families do): vgc's attention
+    would ignore it."""
+    model = _llama()
+    for layer in model.model.layers:
+        attention, forward = layer.self_attn, layer.self_attn.forward
+
+        def with_bias(hidden_states, attention_mask=None, _forward=forward, **kwargs):
+            bias = hidden_states.new_zeros(hidden_states.shape[0], 1, hidden_states.shape[1], hidden_states.shape[1])
+            return _forward(hidden_states, attention_mask=bias, **kwargs)
+
+        monkeypatch.setattr(attention, "forward", with_bias)
+    prepare = vgc_transformers.compile if path == "compile" else vgc_transformers.breakable
+    with pytest.raises(ValueError, match="pass a mask or bias the model built itself"):
+        prepare(model)
+
+
+def test_layers_that_keep_other_state_than_keys_and_values_are_refused():
+    config = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2)
+    config.layer_types = ["full_attention", "mamba"]
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(config).eval()
+    with pytest.raises(ValueError, match="layers of type 'mamba'"):
+        vgc_transformers.compile(model)
+
+
+INDUCTOR_SAMPLE = [pytest.param(*c, marks=[] if c[0] == "opt" else [pytest.mark.extended])
+                   for c in family_matrix.classes() if c[0] in ("opt", "gpt2", "phi", "gpt_neox")]
+
+
+@pytest.mark.parametrize("model_type,class_name", INDUCTOR_SAMPLE)
+def test_matrix_sample_with_inductor(model_type, class_name):
+    """A sample of the matrix with every piece compiled by Inductor (the extended matrix runs eager pieces): learned
+    absolute positions (OPT, GPT-2), partial rotary and parallel attention/MLP blocks (Phi, GPT-NeoX)."""
+    outcome = family_matrix.run(model_type, class_name, piece_backend="inductor")
+    assert outcome.get("compile") == "equal" and outcome.get("breakable") == "equal" and \
+        outcome.get("dropin") == "equal", outcome
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("model_type,class_name", family_matrix.classes())
+def test_matrix(model_type, class_name):
+    outcome = family_matrix.run(model_type, class_name)
+    if "skipped" in outcome:
+        pytest.skip(outcome["skipped"])
+    bad = {path: result for path, result in outcome.items() if not family_matrix.ok(result)}
+    assert not bad, bad

@@ -1,0 +1,69 @@
+"""Run the transformers family matrix (tests/family_matrix.py) over every causal LM class and print its table.
+
+    python tools/family_matrix.py                      # every class, three paths, eager pieces (~15 min on 2 cores)
+    python tools/family_matrix.py --inductor llama     # some model types, pieces compiled by Inductor
+    python tools/family_matrix.py --json out.json      # also keep the outcomes
+
+Exit status 1 when any path of any class gave other tokens than eager or failed without a clear refusal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import sys
+import time
+import warnings
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+import family_matrix  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_types", nargs="*", help="model types to run (default: all)")
+    parser.add_argument("--inductor", action="store_true", help="compile pieces with Inductor (default: eager "
+                        "pieces, the same capture, split and paths without the compiler)")
+    parser.add_argument("--json", help="write {class: outcomes} to this file")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.getLogger("vgc").setLevel(logging.ERROR)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    results, bad = {}, 0
+    for model_type, name in family_matrix.classes():
+        if args.model_types and model_type not in args.model_types:
+            continue
+        start = time.perf_counter()
+        outcome = family_matrix.run(model_type, name, piece_backend="inductor" if args.inductor else "eager")
+        results[name] = {"model_type": model_type, **outcome, "seconds": round(time.perf_counter() - start, 1)}
+        bad += any(not family_matrix.ok(outcome[path]) for path in family_matrix.PATHS if path in outcome)
+        print(json.dumps({name: results[name]}), flush=True)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+    print(table(results))
+    return 1 if bad else 0
+
+
+def table(results: dict) -> str:
+    def cell(text: str) -> str:
+        if text == "equal":
+            return "equal"
+        if text.startswith("refused"):
+            return "refused: " + text.split(" cannot be served by ", 1)[-1].split(": ", 1)[-1].split(". Serve")[0]
+        return f"**{text.splitlines()[0]}**"
+    served = [n for n, r in results.items() if "skipped" not in r]
+    lines = ["| class | model type | integration | breakable | drop-in |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {results[n]['model_type']} | " + " | ".join(cell(results[n][p]) for p in family_matrix.PATHS)
+              + " |" for n in served]
+    skipped = [f"{n} ({r['skipped']})" for n, r in results.items() if "skipped" in r]
+    accepted = sum(results[n]["compile"] == "equal" for n in served)
+    lines += ["", f"{len(served)} classes run, {accepted} accepted by the integration with eager's tokens; "
+              f"{len(skipped)} skipped: " + "; ".join(skipped)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

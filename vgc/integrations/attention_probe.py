@@ -1,0 +1,112 @@
+"""Proof, before serving, that a transformers model's attention is vgc's.
+
+Both transformers paths switch the model's attention implementation in its config and replace what the model's own
+attention would have read: the cache, the mask (no mask function is registered under vgc's names, so transformers
+builds none) and, for the flat path, the batch layout and positions. That is right only if every attention layer
+really calls the function registered with transformers' `AttentionInterface`. Families whose attention classes do
+their own arithmetic (Bloom, GPT-Neo, MPT, Falcon with ALiBi), whose layers drop the keyword arguments the
+function needs (StableLM), or whose forward builds a mask or bias of its own would run half on vgc's attention and
+half on their own, without the mask: other tokens, silently.
+
+So a prepared model runs one small forward under a probe, and `check` refuses it unless each of its attention
+layers called vgc's function exactly once, with what vgc's path sends and no mask of the model's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+# Layer types whose layers attend over the cache as vgc's attention does; any other kind (state-space, linear
+# attention, convolutions) keeps state vgc's caches do not hold.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "attention")
+
+
+@dataclass
+class Probe:
+    """What the attention functions saw during one probe forward."""
+    served: list = field(default_factory=list)     # attention modules called with vgc's batch (in call order)
+    unserved: list = field(default_factory=list)   # called without it: the keyword arguments were dropped
+    masked: list = field(default_factory=list)     # called with a mask or bias the model built itself
+
+
+_active: Probe | None = None
+
+
+@contextlib.contextmanager
+def probing():
+    """Record the attention calls of the forward run inside; yields the `Probe`."""
+    global _active
+    _active = probe = Probe()
+    try:
+        yield probe
+    finally:
+        _active = None
+
+
+def record(module, served: bool, attention_mask) -> bool:
+    """Called by vgc's attention functions first. Returns True while a probe is recording and the call cannot be
+    served as it stands (the caller then returns zeros, so the probe forward reaches every layer)."""
+    if _active is None:
+        return False
+    if attention_mask is not None:
+        _active.masked.append(module)
+    (_active.served if served else _active.unserved).append(module)
+    return not served or attention_mask is not None
+
+
+def attention_layers(text_config) -> int:
+    """The attention layers the model's text config declares; refuses layer types vgc's caches cannot hold."""
+    layer_types = getattr(text_config, "layer_types", None) or ()
+    others = sorted({kind for kind in layer_types if kind not in ATTENTION_LAYER_TYPES})
+    if others:
+        raise _Refusal(f"it has layers of type {', '.join(map(repr, others))}, whose state (not keys and values) "
+                       "vgc's caches do not hold")
+    return text_config.num_hidden_layers
+
+
+class _Refusal(Exception):
+    """A reason the probe found (turned into the ValueError `check` raises)."""
+
+
+def check(model: torch.nn.Module, text_config, run_forward, path: str) -> None:
+    """Run `run_forward()` (one small forward of the prepared model) under a probe and raise ValueError, naming
+    the model's class, the reason and the path that serves it, unless every attention layer went through vgc's attention function
+    exactly once, with vgc's batch and no mask of its own."""
+    name = type(model).__name__
+    try:
+        layers = attention_layers(text_config)
+        with probing() as probe:
+            try:
+                with torch.no_grad():
+                    run_forward()
+            except Exception as error:   # noqa: BLE001 - any failure of the probe forward is a refusal, with its cause
+                raise _Refusal(f"its forward fails with vgc's attention ({type(error).__name__}: "
+                               f"{str(error).splitlines()[0] if str(error) else ''})") from error
+        reason = _reason(probe, layers)
+        if reason:
+            raise _Refusal(reason)
+    except _Refusal as refusal:
+        raise ValueError(f"{name} cannot be served by {path}: {refusal}. Serve it with torch.compile(model.forward, "
+                         "backend='vgc'), which runs the model's own attention") from refusal.__cause__
+
+
+def _reason(probe: Probe, layers: int) -> str | None:
+    calls = len(probe.served) + len(probe.unserved)
+    if probe.masked:
+        return (f"{len(probe.masked)} of its attention calls pass a mask or bias the model built itself (ALiBi, a "
+                "custom mask), which vgc's attention would ignore")
+    if probe.unserved:
+        return (f"{len(probe.unserved)} of its {calls} attention calls arrive without the keyword arguments vgc's "
+                "attention needs (its layers do not pass **kwargs through to the attention function)")
+    modules = {id(module) for module in probe.served}
+    if not probe.served:
+        return (f"none of its {layers} attention layers calls the function registered with transformers' "
+                "AttentionInterface: they compute attention themselves, with their own mask and cache")
+    if calls != layers or len(modules) != layers:
+        return (f"its config declares {layers} attention layers, but {len(modules)} attention modules called the "
+                f"registered attention function {calls} times in one forward: the others compute attention "
+                "themselves, with their own mask and cache")
+    return None
