@@ -584,6 +584,12 @@ def through_dynamo(exc: Exception) -> Exception:
     return new
 
 
+def dynamo_unsupported() -> type[Exception]:
+    """Dynamo's exception for code it cannot trace (private module, stable name since torch 2.0)."""
+    from torch._dynamo.exc import Unsupported
+    return Unsupported
+
+
 def forget_size_history() -> None:
     """Forget which sizes Dynamo has seen change, per code object (its automatic-dynamic state, private
     `torch._dynamo.pgo`), without dropping compiled code: a benchmark that compiles one model class under several

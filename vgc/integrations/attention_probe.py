@@ -75,7 +75,6 @@ def check(model: torch.nn.Module, text_config, run_forward, path: str) -> None:
     """Run `run_forward()` (one small forward of the prepared model) under a probe and raise ValueError, naming
     the model's class, the reason and the path that serves it, unless every attention layer went through vgc's attention function
     exactly once, with vgc's batch and no mask of its own."""
-    name = type(model).__name__
     try:
         layers = attention_layers(text_config)
         with probing() as probe:
@@ -89,8 +88,14 @@ def check(model: torch.nn.Module, text_config, run_forward, path: str) -> None:
         if reason:
             raise _Refusal(reason)
     except _Refusal as refusal:
-        raise ValueError(f"{name} cannot be served by {path}: {refusal}. Serve it with torch.compile(model.forward, "
-                         "backend='vgc'), which runs the model's own attention") from refusal.__cause__
+        raise refused(model, path, str(refusal)) from refusal.__cause__
+
+
+def refused(model: torch.nn.Module, path: str, reason: str) -> ValueError:
+    """The error a transformers path raises for a model it does not serve: the class, why, and what serves it."""
+    return ValueError(f"{type(model).__name__} cannot be served by {path}: {reason}. Serve it with "
+                      "torch.compile(model.forward, backend='vgc'), which runs the model's own attention (and runs "
+                      "what Dynamo cannot trace eagerly)")
 
 
 def _reason(probe: Probe, layers: int) -> str | None:

@@ -254,8 +254,14 @@ class GenerationEngine:
         calls it when it has not run."""
         if not self.compiled.warmed_up:
             trace_size = max(16, *self.compiled.config.compile_sizes) if self.compiled.config.compile_sizes else 16
-            self.compiled.warmup(self._prefill_example, trace_size=trace_size,
-                                 make_decode_inputs=self._decode_example)
+            try:
+                self.compiled.warmup(self._prefill_example, trace_size=trace_size,
+                                     make_decode_inputs=self._decode_example)
+            except _compat.dynamo_unsupported() as error:
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise attention_probe.refused(
+                    self.model, "vgc.integrations.transformers.compile",
+                    f"Dynamo cannot trace its flat forward as one graph ({type(error).__name__}: {first})") from error
         return self.stats()
 
     def _prefill_example(self, n: int) -> dict:
