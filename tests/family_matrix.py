@@ -32,7 +32,8 @@ NEW_TOKENS = 8
 MAX_CACHE_LEN = 32   # the window above (64) never binds
 MAX_PARAMETERS = 20_000_000
 # Settings a family's config validates against the tiny shapes (one entry per layer).
-FIXUPS = {"gpt_neo": {"attention_types": [[["global", "local"], 1]]}}
+FIXUPS = {"gpt_neo": {"attention_types": [[["global", "local"], 1]]}, "codegen": {"rotary_dim": 8},
+          "gptj": {"rotary_dim": 8}}
 
 
 def classes() -> list[tuple[str, str]]:
@@ -73,6 +74,8 @@ def build(model_type: str, class_name: str) -> torch.nn.Module:
     options = {}
     for key, value in TINY.items():
         native = attribute_map.get(key, key)
+        if isinstance(getattr(type(defaults), native, None), property):   # derived from the others
+            continue
         if hasattr(defaults, native) or hasattr(defaults, key):
             options[native] = value
     options.update(FIXUPS.get(model_type, {}))

@@ -30,6 +30,29 @@ class Probe:
     served: list = field(default_factory=list)     # attention modules called with vgc's batch (in call order)
     unserved: list = field(default_factory=list)   # called without it: the keyword arguments were dropped
     masked: list = field(default_factory=list)     # called with a mask or bias the model built itself
+    shapes: dict = field(default_factory=dict)     # id(module) -> (KV heads, key head size, value head size)
+
+    def layer_shapes(self, path: str, model: torch.nn.Module) -> list[tuple[int, int]]:
+        """(KV heads, head size) of each layer's cache, by the modules' `layer_idx`: what the model really hands
+        its attention, whatever its config calls them."""
+        by_layer = {}
+        for module in self.served:
+            index = getattr(module, "layer_idx", None)
+            if not isinstance(index, int) or index in by_layer and by_layer[index][0] is not module:
+                raise refused(model, path, f"its attention modules carry no distinct layer_idx ({type(module).__name__}"
+                                           f".layer_idx = {index!r}), which says which cache is whose")
+            by_layer[index] = (module, self.shapes[id(module)])
+        if sorted(by_layer) != list(range(len(by_layer))):
+            raise refused(model, path, f"its attention layers' layer_idx values are {sorted(by_layer)}, not 0 .. "
+                                       f"{len(by_layer) - 1}")
+        shapes = []
+        for index in range(len(by_layer)):
+            kv_heads, key_size, value_size = by_layer[index][1]
+            if key_size != value_size:
+                raise refused(model, path, f"layer {index} attends with keys of {key_size} and values of {value_size} "
+                                           "elements per head (multi-head latent attention); vgc's cache holds one size")
+            shapes.append((kv_heads, key_size))
+        return shapes
 
 
 _active: Probe | None = None
@@ -46,15 +69,17 @@ def probing():
         _active = None
 
 
-def record(module, served: bool, attention_mask) -> bool:
-    """Called by vgc's attention functions first. Returns True while a probe is recording and the call cannot be
-    served as it stands (the caller then returns zeros, so the probe forward reaches every layer)."""
+def record(module, served: bool, attention_mask, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Called by vgc's attention functions first (key and value [batch, KV heads, tokens, head size]). Returns True
+    while a probe is recording: the caller then returns zeros, so the probe forward reaches every layer and needs
+    no cache."""
     if _active is None:
         return False
     if attention_mask is not None:
         _active.masked.append(module)
     (_active.served if served else _active.unserved).append(module)
-    return not served or attention_mask is not None
+    _active.shapes[id(module)] = (key.shape[1], key.shape[-1], value.shape[-1])
+    return True
 
 
 def attention_layers(text_config) -> int:
@@ -71,10 +96,10 @@ class _Refusal(Exception):
     """A reason the probe found (turned into the ValueError `check` raises)."""
 
 
-def check(model: torch.nn.Module, text_config, run_forward, path: str) -> None:
+def check(model: torch.nn.Module, text_config, run_forward, path: str) -> Probe:
     """Run `run_forward()` (one small forward of the prepared model) under a probe and raise ValueError, naming
-    the model's class, the reason and the path that serves it, unless every attention layer went through vgc's attention function
-    exactly once, with vgc's batch and no mask of its own."""
+    the model's class, the reason and the path that serves it, unless every attention layer went through vgc's
+    attention function exactly once, with vgc's batch and no mask of its own. Returns the probe."""
     try:
         layers = attention_layers(text_config)
         with probing() as probe:
@@ -87,6 +112,7 @@ def check(model: torch.nn.Module, text_config, run_forward, path: str) -> None:
         reason = _reason(probe, layers)
         if reason:
             raise _Refusal(reason)
+        return probe
     except _Refusal as refusal:
         raise refused(model, path, str(refusal)) from refusal.__cause__
 

@@ -45,13 +45,26 @@ logger = logging.getLogger("vgc")
 
 ATTENTION = "vgc_breakable"
 PADDING_MASK = "vgc_padding_mask"   # the keyword under which generate()'s 2-D mask travels to the attention
+
+
+class _Running:
+    """The mask of the call the router is running, for models whose layers drop the keyword arguments on the way to
+    the attention function (StableLM, Falcon). The same tensor as the call's PADDING_MASK argument, so a capture
+    hands the attention break each replay's own mask either way."""
+    routed = False
+    mask: torch.Tensor | None = None
+
+
+_RUNNING = _Running()
 _DUMMY_PROMPT = 4                   # tokens of each warm-up generate()'s prompt
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
               sliding_window=None, s_aux=None, **kwargs):
     """transformers' attention interface: [batch, heads, q, dim] queries against the cache's keys and values."""
-    if attention_probe.record(module, PADDING_MASK in kwargs, attention_mask):
+    routed = PADDING_MASK in kwargs or _RUNNING.routed
+    mask = kwargs[PADDING_MASK] if PADDING_MASK in kwargs else _RUNNING.mask
+    if attention_probe.record(module, routed, attention_mask, key, value):
         return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
     refuse_unsupported(module, softcap, s_aux, "vgc::causal_attention",
                        "serve this model eagerly or with torch.compile")
@@ -60,7 +73,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     if attention_mask is not None:
         raise ValueError("vgc_breakable attention builds its own mask; a prepared 4-D attention_mask is not "
                          "supported (pass generate()'s 2-D mask)")
-    if PADDING_MASK not in kwargs:
+    if not routed:
         # transformers built no mask for this attention: without the router's padding mask a padded row would
         # attend to its padding, a wrong answer
         raise RuntimeError("attn_implementation='vgc_breakable' runs only through the forward of a model prepared by "
@@ -68,7 +81,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                            "built from the same config object as the prepared one? Give each model its own config, "
                            "or call the prepared model itself")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return torch.ops.vgc.causal_attention(query, key, value, kwargs[PADDING_MASK], scale, sliding_window), None
+    return torch.ops.vgc.causal_attention(query, key, value, mask, scale, sliding_window), None
 
 
 AttentionInterface.register(ATTENTION, attention)
@@ -119,18 +132,24 @@ class BreakableDecode:
     def __call__(self, *args, **kwargs):
         if args:   # generate() passes keywords; a user's own call may not
             kwargs = self._keywords(args, kwargs)
+        try:
+            return self._route(kwargs)
+        finally:
+            _RUNNING.routed, _RUNNING.mask = False, None
+
+    def _route(self, kwargs: dict):
         mask = kwargs.get("attention_mask")
         batch = self._decode_batch(kwargs)
         if batch is None:
             # bool once per call, not once per layer; None (no padding) travels too: it tells the attention that
             # the call came through here
-            kwargs[PADDING_MASK] = mask.to(torch.bool) if mask is not None else None
+            _hand_mask(kwargs, mask.to(torch.bool) if mask is not None else None)
             return self._eager(**kwargs)
         if mask is None:   # every step of every capture hands the op a mask, so one capture serves with or without
             mask = torch.ones(batch, kwargs[self.cache_name].get_seq_length() + 1, dtype=torch.bool,
                               device=kwargs["input_ids"].device)
         # the additive bias, once per step for every layer
-        kwargs[PADDING_MASK] = padding_bias(mask, self.dtype)
+        _hand_mask(kwargs, padding_bias(mask, self.dtype))
         # The op reads the mask under PADDING_MASK; the forward itself gets none. Some transformers versions look at
         # a given mask's shape before finding that the attention needs no prepared mask: a read inside a segment,
         # which would tie every replay to the captured mask (one token longer each step, so none would replay).
@@ -239,6 +258,12 @@ def breakable(model: torch.nn.Module, *, batch_sizes: list[int] = (1,), breaks=N
     return model
 
 
+def _hand_mask(kwargs: dict, mask: torch.Tensor | None) -> None:
+    """Give the call's attention its padding mask: as a keyword argument, and beside it for layers that drop those."""
+    kwargs[PADDING_MASK] = _RUNNING.mask = mask
+    _RUNNING.routed = True
+
+
 def _probe_forward(model: torch.nn.Module) -> None:
     """A prefill of two rows, one left-padded, the way the router runs one (generate()'s keywords, the 2-D mask
     under PADDING_MASK)."""
@@ -247,11 +272,14 @@ def _probe_forward(model: torch.nn.Module) -> None:
     mask = torch.ones_like(ids)
     mask[1, 0] = 0
     parameters = inspect.signature(model.forward).parameters
-    kwargs = {"cache" if "cache" in parameters else "past_key_values": DynamicCache(), "use_cache": True,
-              PADDING_MASK: mask.bool()}
+    kwargs = {"cache" if "cache" in parameters else "past_key_values": DynamicCache(), "use_cache": True}
     if "position_ids" in parameters:
         kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
-    model.forward(input_ids=ids, attention_mask=mask, **kwargs)
+    _hand_mask(kwargs, mask.bool())
+    try:
+        model.forward(input_ids=ids, attention_mask=mask, **kwargs)
+    finally:
+        _RUNNING.routed, _RUNNING.mask = False, None
 
 
 __all__ = ["ATTENTION", "BreakableDecode", "attention", "breakable", "causal_attention", "refuse_unsupported",

@@ -57,7 +57,18 @@ __all__ = ["ATTENTION", "GenerationEngine", "VgcCache", "breakable", "compile", 
 logger = logging.getLogger("vgc")
 
 ATTENTION = "vgc"   # the attn_implementation name vgc registers with transformers
+PATH = "vgc.integrations.transformers.compile"
 _BATCH = "vgc_batch"   # the keyword under which the flat batch travels through the model to the attention function
+
+
+class _Running:
+    """The flat batch of the forward running now, for models whose layers drop the keyword arguments on the way to
+    the attention function (StableLM, Falcon). Set and cleared by `FlatModel.forward`; under Dynamo both are
+    traced side effects, so a compiled call ends with it cleared too."""
+    batch: dict | None = None
+
+
+_RUNNING = _Running()
 
 # How vgc pads a flat batch up to a capture size: padded tokens write no KV (slot -1), padded sequences are empty.
 PAD_VALUES = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "block_table": 0, "seq_lens": 0,
@@ -76,7 +87,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     the flat batch's new tokens; returns [1, N, H, D]. `attention_mask` is None (no mask function is registered
     for "vgc"): the lengths in the flat batch say what each token sees."""
     batch = kwargs.get(_BATCH)
-    if attention_probe.record(module, batch is not None, attention_mask):
+    if batch is None:
+        batch = _RUNNING.batch
+    if attention_probe.record(module, batch is not None, attention_mask, key, value):
         return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
     if batch is None:
         raise RuntimeError("attn_implementation='vgc' runs only inside a model prepared by "
@@ -115,9 +128,13 @@ class FlatModel(torch.nn.Module):
                 logits_indices):
         batch = {"kv_caches": kv_caches, "slot_mapping": slot_mapping, "block_table": block_table,
                  "seq_lens": seq_lens, "query_start_loc": query_start_loc, "max_len": self.max_len}
-        out = self.causal_lm_forward(self.model, input_ids=input_ids.unsqueeze(0),
-                                     position_ids=positions.unsqueeze(0), use_cache=False,
-                                     logits_to_keep=logits_indices, **{_BATCH: batch})
+        _RUNNING.batch = batch
+        try:
+            out = self.causal_lm_forward(self.model, input_ids=input_ids.unsqueeze(0),
+                                         position_ids=positions.unsqueeze(0), use_cache=False,
+                                         logits_to_keep=logits_indices, **{_BATCH: batch})
+        finally:
+            _RUNNING.batch = None
         return out.logits[0]
 
 
@@ -222,15 +239,9 @@ class GenerationEngine:
         _check_supported(model, text, max_cache_len)
         self.model = model
         self.max_batch_size, self.max_cache_len, self.block_size = max_batch_size, max_cache_len, block_size
-        self.num_layers = text.num_hidden_layers
-        heads = text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
         device, dtype = model.device, model.dtype
         blocks_per_row = math.ceil(max_cache_len / block_size)
         num_blocks = max_batch_size * blocks_per_row
-        self.kv_caches = [torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
-                          for _ in range(self.num_layers)]
         # Row b owns blocks [b * blocks_per_row, (b + 1) * blocks_per_row): its slots are contiguous, so a token's
         # slot is its row's first slot plus its position.
         self.block_table = torch.arange(num_blocks, dtype=torch.int32, device=device).view(max_batch_size,
@@ -238,6 +249,15 @@ class GenerationEngine:
         self.row_start = torch.arange(max_batch_size, device=device) * (blocks_per_row * block_size)
         self._offsets = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)
         self._rows = torch.arange(max_batch_size, device=device)
+        self.device = device
+        self.kv_caches: list[torch.Tensor] = []
+        # Two short sequences through the flat forward, eagerly, before anything large is allocated: every attention
+        # layer must be vgc's, and the keys and values it hands over size its cache.
+        probe = attention_probe.check(model, text, lambda: FlatModel(model, max_cache_len)(**self._prefill_example(4)),
+                                      PATH)
+        self.num_layers = len(probe.shapes)
+        self.kv_caches = [torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+                          for kv_heads, head_dim in probe.layer_shapes(PATH, model)]
         self.device = device
         self.compiled: CompiledModel = vgc_compile(
             FlatModel(model, max_cache_len), config=_config(config, device, max_batch_size),
@@ -260,7 +280,7 @@ class GenerationEngine:
             except _compat.dynamo_unsupported() as error:
                 first = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 raise attention_probe.refused(
-                    self.model, "vgc.integrations.transformers.compile",
+                    self.model, PATH,
                     f"Dynamo cannot trace its flat forward as one graph ({type(error).__name__}: {first})") from error
         return self.stats()
 
@@ -440,18 +460,15 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     if max_cache_len is None:
         max_cache_len = min(getattr(_text_config(model), "max_position_embeddings", None) or 4096, 4096)
     original_attention = model.config._attn_implementation
-    engine = GenerationEngine(model, max_batch_size=max_batch_size, max_cache_len=max_cache_len,
-                              block_size=block_size, config=config)
-    forward, generate = model.forward, model.generate
-    cache_name = engine.cache_keyword
     set_attention(model, ATTENTION)
-    try:   # two short sequences through the flat forward, eagerly: every attention layer must be vgc's
-        attention_probe.check(model, _text_config(model),
-                              lambda: FlatModel(model, max_cache_len)(**engine._prefill_example(4)),
-                              "vgc.integrations.transformers.compile")
-    except ValueError:
+    try:
+        engine = GenerationEngine(model, max_batch_size=max_batch_size, max_cache_len=max_cache_len,
+                                  block_size=block_size, config=config)
+    except Exception:
         set_attention(model, original_attention)
         raise
+    forward, generate = model.forward, model.generate
+    cache_name = engine.cache_keyword
 
     @functools.wraps(forward)
     def vgc_forward(input_ids=None, attention_mask=None, *args, **kwargs):
