@@ -32,12 +32,20 @@ def test_vgc_compile_refuses_a_kv_cache_object_instead_of_baking_it(cache, no_ca
 
 
 def test_dropin_generate_equals_eager_token_for_token(no_cache):
+    """Eager's tokens at every prompt length. Dynamo traces the first generate()'s prefill with static sizes (it
+    marks a size dynamic only once it has seen it change), so the first new prompt length traces once more; from
+    then on no prompt length traces or compiles."""
     model = hf_llama(2, causal_lm=True)
-    eager = _generate(model)
+    prompts = [torch.randint(1, 128, (1, length), generator=torch.Generator().manual_seed(length))
+               for length in (6, 9, 4, 11, 7, 13, 5)]
+    eager = [_generate(model, prompt) for prompt in prompts]
     model.forward = torch.compile(model.forward, backend="vgc")
-    compiled = _generate(model)
-    assert compiled.tolist() == eager.tolist()
-    assert compiled.shape[1] == PROMPT.shape[1] + NEW_TOKENS
+    compiled = [_generate(model, prompt) for prompt in prompts[:2]]
+    with vgc.counters.delta() as calls:
+        compiled += [_generate(model, prompt) for prompt in prompts[2:]]
+    assert [out.tolist() for out in compiled] == [out.tolist() for out in eager]
+    assert compiled[0].shape[1] == prompts[0].shape[1] + NEW_TOKENS
+    assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0, dict(calls)
 
 
 def test_dropin_decode_on_the_dynamic_cache_replays_piece_graphs(simulated_cuda):
