@@ -136,8 +136,13 @@ def _reason(probe: Probe, layers: int) -> str | None:
     if not probe.served:
         return (f"none of its {layers} attention layers calls the function registered with transformers' "
                 "AttentionInterface: they compute attention themselves, with their own mask and cache")
-    if calls != layers or len(modules) != layers:
-        return (f"its config declares {layers} attention layers, but {len(modules)} attention modules called the "
-                f"registered attention function {calls} times in one forward: the others compute attention "
-                "themselves, with their own mask and cache")
+    if len(modules) < layers:
+        return (f"only {len(modules)} of its {layers} attention layers call the function registered with "
+                "transformers' AttentionInterface: the others compute attention themselves, with their own mask and "
+                "cache")
+    if len(modules) > layers:
+        return f"{len(modules)} attention modules called the registered function, for {layers} declared layers"
+    if calls != layers:
+        return (f"its {layers} attention layers call the registered function {calls} times in one forward (a layer "
+                "that attends more than once, as differential attention does, would write its cache twice)")
     return None
