@@ -258,7 +258,6 @@ class GenerationEngine:
         self.num_layers = len(probe.shapes)
         self.kv_caches = [torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
                           for kv_heads, head_dim in probe.layer_shapes(PATH, model)]
-        self.device = device
         self.compiled: CompiledModel = vgc_compile(
             FlatModel(model, max_cache_len), config=_config(config, device, max_batch_size),
             dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=_is_decode)
