@@ -47,6 +47,18 @@ def classes() -> list[tuple[str, str]]:
     return sorted(((model_type, name) for name, model_type in chosen.items()), key=lambda pair: pair[1])
 
 
+# Settings that switch a class to another attention than its default: a row of their own.
+VARIANTS = [("falcon", "FalconForCausalLM", {"alibi": True})]
+
+
+def cases() -> list[tuple[str, str, str, dict]]:
+    """(row label, model_type, class name, config overrides): every class, then the VARIANTS."""
+    rows = [(name, model_type, name, {}) for model_type, name in classes()]
+    rows += [(f"{name} ({', '.join(f'{k}={v}' for k, v in extra.items())})", model_type, name, extra)
+             for model_type, name, extra in VARIANTS]
+    return rows
+
+
 def _spells(model_type: str, name: str) -> bool:
     return model_type.replace("_", "").replace("-", "") in name.lower()
 
@@ -55,8 +67,9 @@ class Skip(Exception):
     """A class the matrix cannot run, and why."""
 
 
-def build(model_type: str, class_name: str) -> torch.nn.Module:
-    """A tiny fp32 model of the class with weights drawn N(0, 0.2) (large: tokens depend on masks and positions)."""
+def build(model_type: str, class_name: str, **overrides) -> torch.nn.Module:
+    """A tiny fp32 model of the class with weights drawn N(0, 0.2) (large: tokens depend on masks and positions);
+    `overrides` are more config settings."""
     import transformers
     from transformers import AutoConfig
     model_cls = getattr(transformers, class_name, None)
@@ -78,7 +91,7 @@ def build(model_type: str, class_name: str) -> torch.nn.Module:
             continue
         if hasattr(defaults, native) or hasattr(defaults, key):
             options[native] = value
-    options.update(FIXUPS.get(model_type, {}))
+    options.update(FIXUPS.get(model_type, {}), **overrides)
     layer_types = getattr(defaults, "layer_types", None)
     if layer_types:
         options["layer_types"] = list(layer_types[:TINY["num_hidden_layers"]])
@@ -139,18 +152,23 @@ def prepare(path: str, model: torch.nn.Module, piece_backend: str) -> None:
         model.forward = torch.compile(model.forward, backend="vgc", options={"piece_backend": piece_backend})
 
 
-def run(model_type: str, class_name: str, paths=PATHS, piece_backend: str = "eager") -> dict[str, str]:
+def run(model_type: str, class_name: str, paths=PATHS, piece_backend: str = "eager", **overrides) -> dict[str, str]:
     """{path: outcome} for one class: "equal", "refused: <reason>", "DIFFERENT: <request>" or "FAILED: <error>";
     or {"skipped": reason}."""
-    torch._dynamo.reset()
     try:
-        reference = build(model_type, class_name)
-        try:
-            wanted = [(request, generate(reference, request)) for request in requests(reference)]
-        except Exception as error:   # noqa: BLE001
-            raise Skip(f"eager generate() fails ({type(error).__name__}: {_first_line(error)})") from error
+        reference = build(model_type, class_name, **overrides)
     except Skip as skip:
         return {"skipped": str(skip)}
+    return compare(reference, paths, piece_backend)
+
+
+def compare(reference: torch.nn.Module, paths=PATHS, piece_backend: str = "eager") -> dict[str, str]:
+    """{path: outcome} for copies of `reference` on each path, against its own tokens (see `run`)."""
+    torch._dynamo.reset()
+    try:
+        wanted = [(request, generate(reference, request)) for request in requests(reference)]
+    except Exception as error:   # noqa: BLE001
+        return {"skipped": f"eager generate() fails ({type(error).__name__}: {_first_line(error)})"}
     outcomes = {}
     for path in paths:
         model = copy.deepcopy(reference)

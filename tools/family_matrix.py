@@ -33,11 +33,12 @@ def main() -> int:
     logging.getLogger("vgc").setLevel(logging.ERROR)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     results, bad = {}, 0
-    for model_type, name in family_matrix.classes():
+    for name, model_type, class_name, overrides in family_matrix.cases():
         if args.model_types and model_type not in args.model_types:
             continue
         start = time.perf_counter()
-        outcome = family_matrix.run(model_type, name, piece_backend="inductor" if args.inductor else "eager")
+        outcome = family_matrix.run(model_type, class_name, piece_backend="inductor" if args.inductor else "eager",
+                                    **overrides)
         results[name] = {"model_type": model_type, **outcome, "seconds": round(time.perf_counter() - start, 1)}
         bad += any(not family_matrix.ok(outcome[path]) for path in family_matrix.PATHS if path in outcome)
         print(json.dumps({name: results[name]}), flush=True)

@@ -8,7 +8,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from vgc.ops import attention, reference_attention
-from vgc.ops.attention import _attend_math, _attend_sdpa, _paged_attention
+from vgc.ops.attention import _attend_math, _attend_on_device, _attend_sdpa, _paged_attention, _write_kv
 from conftest import triton_device
 
 ATOL = 1e-5
@@ -102,6 +102,37 @@ def test_matches_reference(name, impl):
     torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=0)
     assert_same(kc, ref_kc)
     assert_same(vc, ref_vc)
+
+
+SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625])   # steep: a bias ignored, misplaced or mis-signed shows
+
+
+@pytest.mark.parametrize("impl", ["op", "sdpa", "on_device"])
+@pytest.mark.parametrize("name", ["prefill", "decode", "mixed", "padded"])
+def test_alibi_matches_reference(name, impl):
+    """ALiBi (Bloom, MPT, Falcon with alibi): slope[h] * (key position - query position) added to the scores, on
+    the CPU math path, the SDPA paths of CUDA (per sequence, and every single-token sequence in one call) and the
+    on-device path that CUDA graphs hold (ALiBi decode, several tokens per sequence), each against float64."""
+    case = dict(make_case(**CASES[name]), alibi_slopes=SLOPES)
+    if impl == "on_device":
+        args = dict(case, key_cache=case["key_cache"].clone(), value_cache=case["value_cache"].clone())
+        out = torch.full_like(case["query"], float("nan"))
+        _write_kv(args["key"], args["value"], args["key_cache"], args["value_cache"], args["slot_mapping"])
+        _attend_on_device(out, args["query"], args["key_cache"], args["value_cache"], args["block_table"],
+                          args["seq_lens"], args["query_start_loc"], args["scale"], SLOPES)
+    else:
+        out, _, _ = run_op(case, impl)
+    ref_out, _, _ = reference_attention(**case)
+    torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=0)
+    without, _, _ = reference_attention(**dict(case, alibi_slopes=None))
+    assert (ref_out - without).abs().max() > 0.05   # the bias matters in these cases
+
+
+def test_alibi_slopes_of_the_wrong_shape_are_refused():
+    case = dict(make_case([(0, 3)]), alibi_slopes=SLOPES[:2])
+    with pytest.raises(ValueError, match=r"alibi_slopes must be a floating-point tensor of one slope per query "
+                                         r"head \(\[4\]\)"):
+        run_op(case)
 
 
 def test_padding_rows_zeroed_and_negative_slots_write_nothing():

@@ -41,7 +41,7 @@ from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size
-from vgc.integrations import attention_probe
+from vgc.integrations import alibi, attention_probe
 from vgc.integrations.breakable_generate import breakable, refuse_unsupported, set_attention
 from vgc.integrations.vision_towers import encoder_manager, vision_adapter
 
@@ -89,7 +89,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     batch = kwargs.get(_BATCH)
     if batch is None:
         batch = _RUNNING.batch
-    if attention_probe.record(module, batch is not None, attention_mask, key, value):
+    # ALiBi families' bias is in their slopes (vgc/integrations/alibi.py); the mask their forward built is not read
+    slopes = getattr(module, alibi.SLOPES, None)
+    if attention_probe.record(module, batch is not None, None if slopes is not None else attention_mask, key, value):
         return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
     if batch is None:
         raise RuntimeError("attn_implementation='vgc' runs only inside a model prepared by "
@@ -105,11 +107,12 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     out = q.new_empty(q.shape)
     torch.ops.vgc.attention(out, q, k, v, kv[0], kv[1], batch["slot_mapping"], batch["block_table"],
                             batch["seq_lens"], batch["query_start_loc"],
-                            module.head_dim ** -0.5 if scaling is None else scaling)
+                            module.head_dim ** -0.5 if scaling is None else scaling, slopes)
     return out.unsqueeze(0), None
 
 
 AttentionInterface.register(ATTENTION, attention)
+AttentionInterface.register(alibi.ATTENTION, attention)
 
 
 class FlatModel(torch.nn.Module):
@@ -332,6 +335,12 @@ class GenerationEngine:
             raise ValueError(f"the sequences would reach {cache.seen + columns} tokens, more than max_cache_len="
                              f"{self.max_cache_len}; pass a larger max_cache_len to "
                              "vgc.integrations.transformers.compile (or fewer max_new_tokens)")
+        if attention_mask is not None and attention_mask.shape[1] != cache.seen + columns:
+            # the mask covers every column the sequences have; anything else is a call that does not continue
+            # this cache (generate() without a cache re-sends the whole sequence): appending it would be wrong
+            raise RuntimeError(f"a call of {columns} new columns with a mask of {attention_mask.shape[1]} does not "
+                               f"continue this VgcCache ({cache.seen} columns seen); generate() must run with "
+                               "use_cache=True on vgc's cache")
         new = None if attention_mask is None else attention_mask[:, -columns:]
         keep_all = not (isinstance(logits_to_keep, int) and logits_to_keep == 1) and columns > 1
         if columns == 1 and not keep_all:
@@ -459,12 +468,16 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     if max_cache_len is None:
         max_cache_len = min(getattr(_text_config(model), "max_position_embeddings", None) or 4096, 4096)
     original_attention = model.config._attn_implementation
-    set_attention(model, ATTENTION)
+    undo_alibi = alibi.install(model, attention)
+    serving = ATTENTION if undo_alibi is None else alibi.ATTENTION
+    set_attention(model, serving)
     try:
         engine = GenerationEngine(model, max_batch_size=max_batch_size, max_cache_len=max_cache_len,
                                   block_size=block_size, config=config)
     except Exception:
         set_attention(model, original_attention)
+        if undo_alibi is not None:
+            undo_alibi()
         raise
     forward, generate = model.forward, model.generate
     cache_name = engine.cache_keyword
@@ -475,7 +488,7 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
         if not isinstance(cache, VgcCache) or cache.engine is not engine or args or \
                 kwargs.get("inputs_embeds") is not None or kwargs.get("output_attentions") or \
                 kwargs.get("output_hidden_states") or input_ids is None:
-            return _eager(model, forward, original_attention, input_ids, attention_mask, *args, **kwargs)
+            return _eager(model, forward, original_attention, serving, input_ids, attention_mask, *args, **kwargs)
         logits = engine.run(cache, input_ids, attention_mask, kwargs.get("logits_to_keep", 0))
         return CausalLMOutputWithPast(logits=logits, **{cache_name: cache})
 
@@ -488,6 +501,7 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
                 raise NotImplementedError(f"num_beams={beams}: vgc's paged cache does not reorder rows, so beam "
                                           "search is not supported; use greedy or sampling")
             kwargs[cache_name] = VgcCache(engine)
+            kwargs["use_cache"] = True   # else generate() re-sends every column each step (MPT's config says False)
             engine.warmup()
         return generate(*args, **kwargs)
 
@@ -495,14 +509,14 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     return model
 
 
-def _eager(model, forward, attention_name: str, *args, **kwargs):
+def _eager(model, forward, original: str, serving: str, *args, **kwargs):
     """A call vgc does not serve, on the model's original attention: no vgc cache, or inputs it does not take."""
     counters.eager_runs += 1
-    set_attention(model, attention_name)
+    set_attention(model, original)
     try:
         return forward(*args, **kwargs)
     finally:
-        set_attention(model, ATTENTION)
+        set_attention(model, serving)
 
 
 def _config(config: CompilationConfig | dict | None, device: torch.device, max_batch_size: int) -> CompilationConfig:

@@ -63,26 +63,29 @@ def attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     _paged_attention(
         output, query, key, value, key_cache, value_cache, slot_mapping,
         block_table, seq_lens, query_start_loc, scale,
-        use_sdpa=query.device.type == "cuda",
+        use_sdpa=query.device.type == "cuda", alibi_slopes=alibi_slopes,
     )
 
 
 @attention.register_fake
 def _(output, query, key, value, key_cache, value_cache,
-      slot_mapping, block_table, seq_lens, query_start_loc, scale) -> None:
+      slot_mapping, block_table, seq_lens, query_start_loc, scale, alibi_slopes=None) -> None:
     # Mutation-only op: nothing to allocate, so the fake has nothing to do.
     return None
 
 
 def _paged_attention(output, query, key, value, key_cache, value_cache,
                      slot_mapping, block_table, seq_lens, query_start_loc,
-                     scale, use_sdpa):
+                     scale, use_sdpa, alibi_slopes=None):
     _check_args(output, query, key, value, key_cache, value_cache,
                 slot_mapping, block_table, seq_lens, query_start_loc)
+    if alibi_slopes is not None:
+        _check_slopes(alibi_slopes, query)
     decode = query.shape[0] == seq_lens.shape[0]
     use_triton = use_sdpa and triton_attention.HAS_TRITON and query.is_cuda
     if not decode and cuda_runtime.stream_capturing():
@@ -98,7 +101,15 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
             triton_attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
         else:
             _write_kv(key, value, key_cache, value_cache, slot_mapping)
-        _attend_on_device(output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
+        _attend_on_device(output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                          alibi_slopes)
+        return
+    if use_triton and decode and alibi_slopes is not None:
+        # The decode kernels add no position bias: ALiBi decode attends on the device in plain torch (no host
+        # sync, so CUDA graphs still hold it)
+        triton_attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
+        _attend_on_device(output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                          alibi_slopes)
         return
     if use_triton and decode:
         # As many tokens as sequences means one token per sequence (the op's contract): token t is sequence
@@ -117,7 +128,7 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     starts, lens = _host_lengths(query_start_loc, seq_lens)
     _check_lengths(starts, lens, query.shape[0], key_cache.shape[1],
                    block_table.shape[1])
-    if use_sdpa and _attend_fresh_on_flash(output, query, key, value, query_start_loc, starts, lens, scale):
+    if use_sdpa and alibi_slopes is None and _attend_fresh_on_flash(output, query, key, value, query_start_loc, starts, lens, scale):
         return
 
     attend = _attend_sdpa if use_sdpa else _attend_math
@@ -134,11 +145,11 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
         blocks = block_table[b, :n_blocks].long()
         k = key_cache[blocks].flatten(0, 1)[:seq_len]
         v = value_cache[blocks].flatten(0, 1)[:seq_len]
-        output[start:end] = attend(query[start:end], k, v, scale)
+        output[start:end] = attend(query[start:end], k, v, scale, alibi_slopes)
     if single:
         _decode_sdpa(output, query, key_cache, value_cache, block_table,
                      [starts[b] for b in single], single,
-                     [lens[b] for b in single], scale)
+                     [lens[b] for b in single], scale, alibi_slopes)
     output[starts[-1]:].zero_()
 
 
@@ -214,7 +225,7 @@ def _attend_fresh_on_flash(output, query, key, value, query_start_loc, starts, l
 
 
 def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,
-                 seqs, lens, scale):
+                 seqs, lens, scale, alibi_slopes=None):
     """All single-token sequences in one SDPA call, keys padded to the
     longest context: decode batches are many short sequences, where a
     per-sequence loop is dominated by launch overhead."""
@@ -234,8 +245,11 @@ def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,
     k = key_cache[blocks].flatten(1, 2)[:, :max_len].where(kv_mask, 0)
     v = value_cache[blocks].flatten(1, 2)[:, :max_len].where(kv_mask, 0)
     q = query[rows].unsqueeze(2)                                 # [B, Hq, 1, D]
-    out = _sdpa(q, k.transpose(1, 2), v.transpose(1, 2),
-                valid[:, None, None, :], False, scale)
+    mask = valid[:, None, None, :]
+    if alibi_slopes is not None:   # each row's one query sits at its last position
+        distance = torch.arange(max_len, device=device) - (lens[:, None] - 1)           # [B, S]
+        mask = _alibi_mask(alibi_slopes, distance[:, None, None, :], mask, q.dtype)
+    out = _sdpa(q, k.transpose(1, 2), v.transpose(1, 2), mask, False, scale)
     output[rows] = out.squeeze(2).to(output.dtype)
 
 
@@ -244,7 +258,8 @@ def _decode_sdpa(output, query, key_cache, value_cache, block_table, rows,
 _MAX_TOKENS_PER_SEQUENCE_IN_GRAPH = 16
 
 
-def _attend_on_device(output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
+def _attend_on_device(output, query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                      alibi_slopes=None):
     """Every token against its own sequence's cached keys, with no host sync (a CUDA graph can hold it): each
     token finds its sequence in `query_start_loc` on the device and attends the positions up to its own, over
     keys gathered to the block table's full width. Memory grows with tokens x that width: for the few tokens
@@ -266,7 +281,11 @@ def _attend_on_device(output, query, key_cache, value_cache, block_table, seq_le
     k = key_cache[blocks].flatten(1, 2).where(kv_mask, 0)       # zeros: the cache may hold NaN past a sequence
     v = value_cache[blocks].flatten(1, 2).where(kv_mask, 0)
     visible = visible | ~real[:, None]                          # padding attends something, then is zeroed
-    out = _sdpa(query.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), visible[:, None, None, :], False, scale)
+    mask = visible[:, None, None, :]
+    if alibi_slopes is not None:
+        distance = keys[None, :] - position[:, None]                                    # [T, L]
+        mask = _alibi_mask(alibi_slopes, distance[:, None, None, :], mask, query.dtype)
+    out = _sdpa(query.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), mask, False, scale)
     output.copy_(out.squeeze(2).where(real[:, None, None], 0).to(output.dtype))
 
 
@@ -288,7 +307,14 @@ def _causal_mask(q_len: int, seq_len: int, device) -> torch.Tensor:
     return k_pos[None, :] <= q_pos[:, None]
 
 
-def _attend_math(q, k, v, scale):
+def _alibi_mask(slopes, distance, visible, dtype):
+    """SDPA's additive mask for ALiBi: slope[h] * (key position - query position) where `visible`, -inf elsewhere.
+    `distance` broadcasts against [..., heads, queries, keys] with the heads dim of size 1."""
+    bias = slopes.float().view(-1, 1, 1) * distance.float()
+    return bias.masked_fill(~visible, float("-inf")).to(dtype)
+
+
+def _attend_math(q, k, v, scale, alibi_slopes=None):
     """q [n, Hq, D], k/v [s, Hkv, D] -> [n, Hq, D]; fp32 internally."""
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -296,16 +322,26 @@ def _attend_math(q, k, v, scale):
     group = num_heads // num_kv_heads
     qg = q.float().reshape(n, num_kv_heads, group, head_dim)
     scores = torch.einsum("nhgd,shd->hgns", qg, k.float()) * scale
-    mask = _causal_mask(n, k.shape[0], q.device)
+    seq_len = k.shape[0]
+    if alibi_slopes is not None:
+        distance = torch.arange(seq_len, device=q.device)[None, :] - torch.arange(seq_len - n, seq_len,
+                                                                                  device=q.device)[:, None]
+        scores = scores + (alibi_slopes.float().view(num_heads, 1, 1) * distance).view(num_kv_heads, group, n, seq_len)
+    mask = _causal_mask(n, seq_len, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     out = torch.einsum("hgns,shd->nhgd", scores.softmax(dim=-1), v.float())
     return out.reshape(n, num_heads, head_dim).to(q.dtype)
 
 
-def _attend_sdpa(q, k, v, scale):
+def _attend_sdpa(q, k, v, scale, alibi_slopes=None):
     """Same contract as _attend_math, via scaled_dot_product_attention."""
     n, seq_len = q.shape[0], k.shape[0]
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    if alibi_slopes is not None:
+        positions = torch.arange(seq_len, device=q.device)
+        distance = positions[None, :] - positions[seq_len - n:, None]                   # [n, s]
+        mask = _alibi_mask(alibi_slopes, distance, _causal_mask(n, seq_len, q.device), q.dtype)
+        return _sdpa(q4, k4, v4, mask[None], False, scale)[0].transpose(0, 1)
     mask, causal = None, False
     # SDPA's is_causal aligns the mask top-left, which is only right when the
     # queries cover the whole sequence; a lone last query needs no mask.
@@ -407,6 +443,14 @@ def _explain_bad_args(output, query, key, value, key_cache, value_cache,
                                 f"expected num_seqs + 1 = {num_seqs + 1}")
 
 
+def _check_slopes(alibi_slopes, query):
+    if alibi_slopes.shape != (query.shape[1],) or not alibi_slopes.is_floating_point() or \
+            alibi_slopes.device != query.device:
+        raise ValueError(f"vgc::attention: alibi_slopes must be a floating-point tensor of one slope per query head "
+                         f"([{query.shape[1]}]) on {query.device}, got {alibi_slopes.dtype} "
+                         f"{tuple(alibi_slopes.shape)} on {alibi_slopes.device}")
+
+
 def _check_lengths(starts, lens, num_tokens, block_size, max_blocks):
     if starts[0] != 0 or starts[-1] > num_tokens:
         raise ValueError(f"vgc::attention: query_start_loc must start at 0 and "
@@ -425,7 +469,7 @@ def _check_lengths(starts, lens, num_tokens, block_size, max_blocks):
 
 def reference_attention(query, key, value, key_cache, value_cache,
                         slot_mapping, block_table, seq_lens, query_start_loc,
-                        scale):
+                        scale, alibi_slopes=None):
     """Slow, obviously-correct model of ``vgc::attention`` for tests.
 
     Leaves its inputs untouched; returns ``(output, key_cache, value_cache)``
@@ -457,6 +501,10 @@ def reference_attention(query, key, value, key_cache, value_cache,
         q = query[starts[b]:starts[b + 1]].double()         # [n, Hq, D]
         scores = torch.einsum("nhd,shd->hns", q, k) * scale
         first_pos = seq_len - len(rows)
+        if alibi_slopes is not None:   # ALiBi: slope * (key position - query position)
+            for i in range(len(rows)):
+                for p in range(seq_len):
+                    scores[:, i, p] += alibi_slopes.double() * (p - (first_pos + i))
         mask = torch.zeros(len(rows), seq_len, dtype=torch.bool,
                            device=query.device)
         for i in range(len(rows)):
