@@ -196,3 +196,24 @@ def test_matrix(label, model_type, class_name, overrides):
         pytest.skip(outcome["skipped"])
     bad = {path: result for path, result in outcome.items() if not family_matrix.ok(result)}
     assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["bloom", "mpt", "falcon_alibi"])
+def test_gpu_alibi_decode_steps_replay_full_graphs_with_eagers_tokens(family):
+    """On CUDA an ALiBi decode step attends on the device (no Triton kernel, no host sync) inside the FULL graph:
+    every decode step replays, fp32 tokens equal eager's (TF32 off on both sides)."""
+    import vgc
+    torch.backends.cuda.matmul.allow_tf32 = False
+    reference = _reference(family).cuda()
+    model = copy.deepcopy(reference)
+    vgc_transformers.compile(model, max_batch_size=4, max_cache_len=64)
+    request = dict(REQUEST, attention_mask=REQUEST["attention_mask"].cuda())
+    with torch.no_grad():
+        want = reference.generate(PROMPTS.cuda(), **request)
+        model.generate(PROMPTS.cuda(), **request)
+        with vgc.counters.delta() as calls:
+            got = model.generate(PROMPTS.cuda(), **request)
+    assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0, dict(calls)
+    assert calls["cudagraph_replays"] >= REQUEST["max_new_tokens"] - 1, dict(calls)
+    assert got.tolist() == want.tolist()
