@@ -9,6 +9,7 @@ integration, layers that drop keyword arguments (StableLM, Falcon). The whole ma
 cores) is extended."""
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -207,6 +208,12 @@ def test_gpu_alibi_decode_steps_replay_full_graphs_with_eagers_tokens(family):
     torch.backends.cuda.matmul.allow_tf32 = False
     reference = _reference(family).cuda()
     model = copy.deepcopy(reference)
+    if family == "falcon_alibi" and \
+            "alibi" in inspect.signature(type(model.transformer.h[0].self_attention).forward).parameters:
+        # older transformers (5.17): FalconAttention takes the bias and computes attention itself; the probe refuses
+        with pytest.raises(ValueError, match="none of its 2 attention layers calls"):
+            vgc_transformers.compile(model, max_batch_size=4, max_cache_len=64)
+        return
     vgc_transformers.compile(model, max_batch_size=4, max_cache_len=64)
     request = dict(REQUEST, attention_mask=REQUEST["attention_mask"].cuda())
     with torch.no_grad():
