@@ -13,6 +13,7 @@ import inspect
 
 import pytest
 import torch
+from packaging import version
 
 transformers = pytest.importorskip("transformers")
 import family_matrix  # noqa: E402  (tests/ is on sys.path)
@@ -49,6 +50,9 @@ REFUSED = [
     ("mpt", "breakable", "its forward fails with vgc's attention"),
     ("falcon_alibi", "breakable", "its forward fails with vgc's attention"),
 ]
+# The transformers these families are served under (tested: 5.24, 5.25); under 5.17 Falcon (with or without ALiBi)
+# is refused instead, and eager's tokens or a refusal is all that is asserted there.
+SERVED = version.parse(transformers.__version__) >= version.parse("5.24")
 PROMPTS = torch.tensor([[5, 17, 42, 8, 99, 3], [0, 0, 7, 8, 9, 10], [0, 0, 0, 0, 1, 2]])
 REQUEST = dict(attention_mask=(PROMPTS != 0).long(), max_new_tokens=8, do_sample=False, pad_token_id=0,
                eos_token_id=None)
@@ -85,7 +89,9 @@ def test_alibi_families_give_eagers_tokens_on_the_integration(family):
     Greedy on a left-padded batch, an EOS mid-batch and seeded sampling, against eager, fp32 (eager pieces: the
     quick suite's budget; the extended sample below compiles Bloom's with Inductor)."""
     outcome = family_matrix.compare(_reference(family), paths=("compile",))
-    assert outcome == {"compile": "equal"}, outcome
+    assert family_matrix.ok(outcome["compile"]), outcome
+    if SERVED:   # older transformers (5.17): FalconAttention computes ALiBi itself, and the probe refuses it
+        assert outcome == {"compile": "equal"}, outcome
 
 
 def test_a_generation_config_without_cache_still_gives_eagers_tokens():
@@ -133,8 +139,12 @@ def test_layers_that_drop_keyword_arguments_still_reach_vgcs_attention(model_typ
     """StableLM's and Falcon's decoder layers call their attention without the keyword arguments they were given;
     vgc's batch and mask reach the attention beside them, and the tokens are eager's."""
     name = dict(family_matrix.classes())[model_type]
-    outcome = family_matrix.run(model_type, name, paths=("compile", "breakable"))
-    assert outcome == {"compile": "equal", "breakable": "equal"}, outcome
+    # CPU models: on a machine with CUDA, breakable graphs refuse to capture them
+    paths = ("compile",) if torch.cuda.is_available() else ("compile", "breakable")
+    outcome = family_matrix.run(model_type, name, paths=paths)
+    assert all(family_matrix.ok(result) for result in outcome.values()), outcome
+    if SERVED:   # older transformers: Falcon's forward needs a mask vgc's name does not build (refused, tested)
+        assert outcome == {path: "equal" for path in paths}, outcome
 
 
 @pytest.mark.parametrize("path", ["compile", "breakable"])
