@@ -584,10 +584,12 @@ def through_dynamo(exc: Exception) -> Exception:
     return new
 
 
-def dynamo_unsupported() -> type[Exception]:
-    """Dynamo's exception for code it cannot trace (private module, stable name since torch 2.0)."""
+def untraceable_errors() -> tuple[type[Exception], ...]:
+    """What Dynamo raises for code it cannot trace, and the symbolic-shapes error for a guard on a data-dependent
+    size (private modules; stable names since torch 2.1)."""
     from torch._dynamo.exc import Unsupported
-    return Unsupported
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    return Unsupported, GuardOnDataDependentSymNode
 
 
 def forget_size_history() -> None:

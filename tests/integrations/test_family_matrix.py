@@ -94,6 +94,22 @@ def test_alibi_families_give_eagers_tokens_on_the_integration(family):
         assert outcome == {"compile": "equal"}, outcome
 
 
+def test_a_flat_forward_dynamo_cannot_trace_is_refused_at_warmup_and_the_model_restored():
+    """CTRL's attention is vgc's (the probe passes), but Dynamo cannot trace its flat forward: the first generate()
+    raises the refusal, and the model is left as it was, eager's tokens after."""
+    reference = family_matrix.build("ctrl", "CTRLLMHeadModel")
+    model = copy.deepcopy(reference)
+    attention = model.config._attn_implementation
+    vgc_transformers.compile(model, max_batch_size=4, max_cache_len=32, config={"piece_backend": "eager"})
+    request = dict(max_new_tokens=4, do_sample=False)
+    with pytest.raises(ValueError, match=r"CTRLLMHeadModel cannot be served by vgc.integrations.transformers.compile: "
+                                         r"vgc cannot trace and split its flat forward as one graph \(Unsupported"):
+        family_matrix.generate(model, request)
+    assert getattr(model, "vgc", None) is None and "forward" not in vars(model)
+    assert model.config._attn_implementation == attention
+    assert torch.equal(family_matrix.generate(model, request), family_matrix.generate(reference, request))
+
+
 def test_a_generation_config_without_cache_still_gives_eagers_tokens():
     """MPT's config says use_cache=False, so generate() would re-send every column each step: the integration runs
     generate() on its cache regardless, and a call that does not continue the cache is refused, never appended."""

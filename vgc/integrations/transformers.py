@@ -265,6 +265,7 @@ class GenerationEngine:
             FlatModel(model, max_cache_len), config=_config(config, device, max_batch_size),
             dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=_is_decode)
         self._active: weakref.ref | None = None
+        self.undo = None   # set by compile(): restores the model when warm-up finds it cannot be served
         self._steps: dict[int, _DecodeStep] = {}   # batch size -> its decode graph's in-place inputs
         self._staged: _DecodeStep | None = None    # whose constant inputs the graph buffers hold now
         # The keyword generate() passes the cache under: `past_key_values` in transformers 5.17, `cache` later.
@@ -279,11 +280,14 @@ class GenerationEngine:
             try:
                 self.compiled.warmup(self._prefill_example, trace_size=trace_size,
                                      make_decode_inputs=self._decode_example)
-            except _compat.dynamo_unsupported() as error:
-                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                raise attention_probe.refused(
-                    self.model, PATH,
-                    f"Dynamo cannot trace its flat forward as one graph ({type(error).__name__}: {first})") from error
+            except Exception as error:
+                cause = _untraceable(error)
+                if cause is None:
+                    raise
+                if self.undo is not None:
+                    self.undo()
+                raise attention_probe.refused(self.model, PATH, f"vgc cannot trace and split its flat forward as "
+                                                                f"one graph ({cause})") from error
         return self.stats()
 
     def _prefill_example(self, n: int) -> dict:
@@ -505,6 +509,21 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
             engine.warmup()
         return generate(*args, **kwargs)
 
+    own = {name: model.__dict__[name] for name in ("forward", "generate") if name in model.__dict__}
+
+    def undo() -> None:
+        """Leave the model as it was before compile (a refusal found at warm-up)."""
+        for name in ("forward", "generate"):
+            if name in own:
+                setattr(model, name, own[name])
+            else:
+                model.__dict__.pop(name, None)
+        model.__dict__.pop("vgc", None)
+        set_attention(model, original_attention)
+        if undo_alibi is not None:
+            undo_alibi()
+
+    engine.undo = undo
     model.forward, model.generate, model.vgc = vgc_forward, vgc_generate, engine
     return model
 
@@ -541,6 +560,20 @@ def _refuse_ranges(max_size) -> None:
     if max_size:
         raise ValueError(f"compile_ranges_max_size={max_size}: the transformers integration runs one trace (its "
                          "flat batches have no size conditions); leave it 0")
+
+
+def _untraceable(error: BaseException) -> str | None:
+    """`Type: first line` of the error in `error`'s chain that says the model cannot be traced (Dynamo's Unsupported)
+    or split (a guard on a data-dependent size, such as an MoE's per-expert token counts), else None."""
+    kinds = _compat.untraceable_errors()
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, kinds):
+            text = str(error).strip()
+            return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _text_config(model: torch.nn.Module):
