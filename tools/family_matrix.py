@@ -3,6 +3,7 @@
     python tools/family_matrix.py                      # every class, three paths, eager pieces (~15 min on 2 cores)
     python tools/family_matrix.py --inductor llama     # some model types, pieces compiled by Inductor
     python tools/family_matrix.py --json out.json      # also keep the outcomes
+    python tools/family_matrix.py --docs docs/transformers.md   # and put the table between its markers
 
 Exit status 1 when any path of any class gave other tokens than eager or failed without a clear refusal.
 """
@@ -28,6 +29,7 @@ def main() -> int:
     parser.add_argument("--inductor", action="store_true", help="compile pieces with Inductor (default: eager "
                         "pieces, the same capture, split and paths without the compiler)")
     parser.add_argument("--json", help="write {class: outcomes} to this file")
+    parser.add_argument("--docs", help="replace the table between <!-- family-matrix --> markers in this file")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("vgc").setLevel(logging.ERROR)
@@ -44,8 +46,26 @@ def main() -> int:
         print(json.dumps({name: results[name]}), flush=True)
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
-    print(table(results))
+    text = table(results)
+    print(text)
+    if args.docs:
+        write_docs(pathlib.Path(args.docs), text, "Inductor" if args.inductor else "eager")
     return 1 if bad else 0
+
+
+def write_docs(path: pathlib.Path, text: str, pieces: str) -> None:
+    import datetime
+
+    import torch
+    import transformers
+    start, end = "<!-- family-matrix -->", "<!-- /family-matrix -->"
+    page = path.read_text()
+    if start not in page or end not in page:
+        raise SystemExit(f"{path} has no {start} ... {end} markers to put the table between")
+    stamp = (f"Run on {datetime.date.today()} with torch {torch.__version__}, transformers {transformers.__version__}, "
+             f"{pieces} pieces, on the CPU (`python tools/family_matrix.py --docs {path}`).")
+    head, rest = page.split(start, 1)
+    path.write_text(f"{head}{start}\n{stamp}\n\n{text}\n{end}{rest.split(end, 1)[1]}")
 
 
 def table(results: dict) -> str:
@@ -53,7 +73,12 @@ def table(results: dict) -> str:
         if text == "equal":
             return "equal"
         if text.startswith("refused"):
-            return "refused: " + text.split(" cannot be served by ", 1)[-1].split(": ", 1)[-1].split(". Serve")[0]
+            reason = text[len("refused: "):]
+            if " cannot be served by " in reason:   # the probe's form: "<class> cannot be served by <path>: <why>."
+                reason = reason.split(" cannot be served by ", 1)[1].split(": ", 1)[-1].split(". Serve")[0]
+            else:   # an earlier check's: "<class> <why>; serve it with ..."
+                reason = reason.split("; serve", 1)[0].split(". Serve", 1)[0]
+            return "refused: " + reason.replace("|", "/")
         return f"**{text.splitlines()[0]}**"
     served = [n for n, r in results.items() if "skipped" not in r]
     lines = ["| class | model type | integration | breakable | drop-in |", "|---|---|---|---|---|"]

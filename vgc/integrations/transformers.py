@@ -472,16 +472,28 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     if max_cache_len is None:
         max_cache_len = min(getattr(_text_config(model), "max_position_embeddings", None) or 4096, 4096)
     original_attention = model.config._attn_implementation
+    own = {name: model.__dict__[name] for name in ("forward", "generate") if name in model.__dict__}
     undo_alibi = alibi.install(model, attention)
+
+    def undo() -> None:
+        """Leave the model as it was before compile (a refusal, here or at warm-up)."""
+        for name in ("forward", "generate"):
+            if name in own:
+                setattr(model, name, own[name])
+            else:
+                model.__dict__.pop(name, None)
+        model.__dict__.pop("vgc", None)
+        set_attention(model, original_attention)
+        if undo_alibi is not None:
+            undo_alibi()
+
     serving = ATTENTION if undo_alibi is None else alibi.ATTENTION
     set_attention(model, serving)
     try:
         engine = GenerationEngine(model, max_batch_size=max_batch_size, max_cache_len=max_cache_len,
                                   block_size=block_size, config=config)
     except Exception:
-        set_attention(model, original_attention)
-        if undo_alibi is not None:
-            undo_alibi()
+        undo()
         raise
     forward, generate = model.forward, model.generate
     cache_name = engine.cache_keyword
@@ -508,20 +520,6 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
             kwargs["use_cache"] = True   # else generate() re-sends every column each step (MPT's config says False)
             engine.warmup()
         return generate(*args, **kwargs)
-
-    own = {name: model.__dict__[name] for name in ("forward", "generate") if name in model.__dict__}
-
-    def undo() -> None:
-        """Leave the model as it was before compile (a refusal found at warm-up)."""
-        for name in ("forward", "generate"):
-            if name in own:
-                setattr(model, name, own[name])
-            else:
-                model.__dict__.pop(name, None)
-        model.__dict__.pop("vgc", None)
-        set_attention(model, original_attention)
-        if undo_alibi is not None:
-            undo_alibi()
 
     engine.undo = undo
     model.forward, model.generate, model.vgc = vgc_forward, vgc_generate, engine
