@@ -84,10 +84,13 @@ def table(results: dict) -> str:
     lines = ["| class | model type | integration | breakable | drop-in |", "|---|---|---|---|---|"]
     lines += [f"| {n} | {results[n]['model_type']} | " + " | ".join(cell(results[n][p]) for p in family_matrix.PATHS)
               + " |" for n in served]
-    skipped = [f"{n} ({r['skipped']})" for n, r in results.items() if "skipped" in r]
+    skipped = [f"- {n}: {r['skipped']}" for n, r in results.items() if "skipped" in r]
     accepted = sum(results[n]["compile"] == "equal" for n in served)
-    lines += ["", f"{len(served)} classes run, {accepted} accepted by the integration with eager's tokens; "
-              f"{len(skipped)} skipped: " + "; ".join(skipped)]
+    bad = [n for n in served if not all(family_matrix.ok(results[n][p]) for p in family_matrix.PATHS)]
+    verdict = "none with other tokens or a crash on any path" if not bad else \
+        f"**other tokens or a crash in {len(bad)}: {', '.join(bad)}**"
+    lines += ["", f"{len(served)} rows run (classes, and variants of one), {accepted} accepted by the integration with "
+              f"eager's tokens, {verdict}. {len(skipped)} classes skipped, each with the reason:", "", *skipped]
     return "\n".join(lines)
 
 
