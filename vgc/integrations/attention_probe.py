@@ -49,8 +49,9 @@ class Probe:
         for index in range(len(by_layer)):
             kv_heads, key_size, value_size = by_layer[index][1]
             if key_size != value_size:
-                raise refused(model, path, f"layer {index} attends with keys of {key_size} and values of {value_size} "
-                                           "elements per head (multi-head latent attention); vgc's cache holds one size")
+                raise refused(model, path, f"layer {index} attends with keys of {key_size} and values of "
+                                           f"{value_size} elements per head (multi-head latent attention); vgc's "
+                                           "cache holds one size")
             shapes.append((kv_heads, key_size))
         return shapes
 

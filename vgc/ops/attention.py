@@ -128,7 +128,8 @@ def _paged_attention(output, query, key, value, key_cache, value_cache,
     starts, lens = _host_lengths(query_start_loc, seq_lens)
     _check_lengths(starts, lens, query.shape[0], key_cache.shape[1],
                    block_table.shape[1])
-    if use_sdpa and alibi_slopes is None and _attend_fresh_on_flash(output, query, key, value, query_start_loc, starts, lens, scale):
+    if use_sdpa and alibi_slopes is None and _attend_fresh_on_flash(output, query, key, value, query_start_loc,
+                                                                    starts, lens, scale):
         return
 
     attend = _attend_sdpa if use_sdpa else _attend_math
