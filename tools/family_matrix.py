@@ -42,7 +42,7 @@ def main() -> int:
         outcome = family_matrix.run(model_type, class_name, piece_backend="inductor" if args.inductor else "eager",
                                     **overrides)
         results[name] = {"model_type": model_type, **outcome, "seconds": round(time.perf_counter() - start, 1)}
-        bad += any(not family_matrix.ok(outcome[path]) for path in family_matrix.PATHS if path in outcome)
+        bad += family_matrix.failed(outcome)
         print(json.dumps({name: results[name]}), flush=True)
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
@@ -86,7 +86,7 @@ def table(results: dict) -> str:
               + " |" for n in served]
     skipped = [f"- {n}: {r['skipped']}" for n, r in results.items() if "skipped" in r]
     accepted = sum(results[n]["compile"] == "equal" for n in served)
-    bad = [n for n in served if not all(family_matrix.ok(results[n][p]) for p in family_matrix.PATHS)]
+    bad = [n for n in served if family_matrix.failed(results[n])]
     verdict = "none with other tokens or a crash on any path" if not bad else \
         f"**other tokens or a crash in {len(bad)}: {', '.join(bad)}**"
     lines += ["", f"{len(served)} rows run (classes, and variants of one), {accepted} accepted by the integration with "

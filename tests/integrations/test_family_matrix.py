@@ -22,15 +22,6 @@ from vgc.integrations import transformers as vgc_transformers  # noqa: E402
 T = transformers
 
 
-def _large(model):
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2:
-                parameter.normal_(0, 0.2)
-    return model.eval()
-
-
 FAMILIES = {
     # the repro: other tokens than eager from the first token, every row, before the probe
     "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=256, hidden_size=64, n_layer=2, n_head=4,
@@ -60,7 +51,7 @@ REQUEST = dict(attention_mask=(PROMPTS != 0).long(), max_new_tokens=8, do_sample
 
 def _reference(family):
     torch.manual_seed(0)
-    model = _large(FAMILIES[family]())
+    model = family_matrix.large_weights(FAMILIES[family](), seed=0)
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
     return model
 

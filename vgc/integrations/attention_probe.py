@@ -70,17 +70,18 @@ def probing():
         _active = None
 
 
-def record(module, served: bool, attention_mask, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Called by vgc's attention functions first (key and value [batch, KV heads, tokens, head size]). Returns True
-    while a probe is recording: the caller then returns zeros, so the probe forward reaches every layer and needs
-    no cache."""
+def record(module, served: bool, attention_mask, query: torch.Tensor, key: torch.Tensor,
+           value: torch.Tensor) -> torch.Tensor | None:
+    """Called by vgc's attention functions first (query, key and value [batch, heads, tokens, head size]). While a
+    probe is recording, returns the zeros the caller returns in place of attention ([batch, tokens, heads, head
+    size]), so the probe forward reaches every layer and needs no cache; else None."""
     if _active is None:
-        return False
+        return None
     if attention_mask is not None:
         _active.masked.append(module)
     (_active.served if served else _active.unserved).append(module)
     _active.shapes[id(module)] = (key.shape[1], key.shape[-1], value.shape[-1])
-    return True
+    return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
 
 
 def attention_layers(text_config) -> int:

@@ -54,6 +54,9 @@ class _Running:
     routed = False
     mask: torch.Tensor | None = None
 
+    def clear(self) -> None:
+        self.routed, self.mask = False, None
+
 
 _RUNNING = _Running()
 _DUMMY_PROMPT = 4                   # tokens of each warm-up generate()'s prompt
@@ -64,8 +67,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     """transformers' attention interface: [batch, heads, q, dim] queries against the cache's keys and values."""
     routed = PADDING_MASK in kwargs or _RUNNING.routed
     mask = kwargs[PADDING_MASK] if PADDING_MASK in kwargs else _RUNNING.mask
-    if attention_probe.record(module, routed, attention_mask, key, value):
-        return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
+    probed = attention_probe.record(module, routed, attention_mask, query, key, value)
+    if probed is not None:
+        return probed, None
     refuse_unsupported(module, softcap, s_aux, "vgc::causal_attention",
                        "serve this model eagerly or with torch.compile")
     if dropout:
@@ -121,7 +125,7 @@ class BreakableDecode:
         self._signature = inspect.signature(self.forward)
         parameters = self._signature.parameters
         self._var_keyword = next((name for name, p in parameters.items() if p.kind is p.VAR_KEYWORD), None)
-        self.cache_name = "cache" if "cache" in parameters else "past_key_values"
+        self.cache_name = cache_keyword(self.forward)
         self.graphs = BreakableGraphs(self.forward, dynamic_arg_dims={"input_ids": 0, "position_ids": 0},
                                       capture_sizes=list(batch_sizes),
                                       breaks=[*DEFAULT_BREAKS, DynamicCache.update, *(breaks or ())])
@@ -135,7 +139,7 @@ class BreakableDecode:
         try:
             return self._route(kwargs)
         finally:
-            _RUNNING.routed, _RUNNING.mask = False, None
+            _RUNNING.clear()
 
     def _route(self, kwargs: dict):
         mask = kwargs.get("attention_mask")
@@ -258,6 +262,12 @@ def breakable(model: torch.nn.Module, *, batch_sizes: list[int] = (1,), breaks=N
     return model
 
 
+def cache_keyword(forward) -> str:
+    """The keyword a causal LM's forward takes its KV cache under: `past_key_values` (transformers 5.17), `cache`
+    (later)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 def _hand_mask(kwargs: dict, mask: torch.Tensor | None) -> None:
     """Give the call's attention its padding mask: as a keyword argument, and beside it for layers that drop those."""
     kwargs[PADDING_MASK] = _RUNNING.mask = mask
@@ -271,16 +281,16 @@ def _probe_forward(model: torch.nn.Module) -> None:
     ids = torch.ones(2, 3, dtype=torch.long, device=device)
     mask = torch.ones_like(ids)
     mask[1, 0] = 0
-    parameters = inspect.signature(model.forward).parameters
-    kwargs = {"cache" if "cache" in parameters else "past_key_values": DynamicCache(), "use_cache": True}
-    if "position_ids" in parameters:
+    kwargs = {cache_keyword(model.forward): DynamicCache(), "use_cache": True}
+    if "position_ids" in inspect.signature(model.forward).parameters:
         kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
     _hand_mask(kwargs, mask.bool())
     try:
         model.forward(input_ids=ids, attention_mask=mask, **kwargs)
     finally:
-        _RUNNING.routed, _RUNNING.mask = False, None
+        _RUNNING.clear()
 
 
-__all__ = ["ATTENTION", "BreakableDecode", "attention", "breakable", "causal_attention", "refuse_unsupported",
+__all__ = ["ATTENTION", "BreakableDecode", "attention", "breakable", "cache_keyword", "causal_attention",
+           "refuse_unsupported",
            "set_attention"]

@@ -42,7 +42,7 @@ from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size
 from vgc.integrations import alibi, attention_probe
-from vgc.integrations.breakable_generate import breakable, refuse_unsupported, set_attention
+from vgc.integrations.breakable_generate import breakable, cache_keyword, refuse_unsupported, set_attention
 from vgc.integrations.vision_towers import encoder_manager, vision_adapter
 
 try:
@@ -91,8 +91,10 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         batch = _RUNNING.batch
     # ALiBi families' bias is in their slopes (vgc/integrations/alibi.py); the mask their forward built is not read
     slopes = getattr(module, alibi.SLOPES, None)
-    if attention_probe.record(module, batch is not None, None if slopes is not None else attention_mask, key, value):
-        return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
+    probed = attention_probe.record(module, batch is not None, None if slopes is not None else attention_mask,
+                                    query, key, value)
+    if probed is not None:
+        return probed, None
     if batch is None:
         raise RuntimeError("attn_implementation='vgc' runs only inside a model prepared by "
                            "vgc.integrations.transformers.compile(model); call that model's generate() or forward")
@@ -256,20 +258,20 @@ class GenerationEngine:
         self.kv_caches: list[torch.Tensor] = []
         # Two short sequences through the flat forward, eagerly, before anything large is allocated: every attention
         # layer must be vgc's, and the keys and values it hands over size its cache.
-        probe = attention_probe.check(model, text, lambda: FlatModel(model, max_cache_len)(**self._prefill_example(4)),
-                                      PATH)
+        flat = FlatModel(model, max_cache_len)
+        probe = attention_probe.check(model, text, lambda: flat(**self._prefill_example(4)), PATH)
         self.num_layers = len(probe.shapes)
         self.kv_caches = [torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
                           for kv_heads, head_dim in probe.layer_shapes(PATH, model)]
         self.compiled: CompiledModel = vgc_compile(
-            FlatModel(model, max_cache_len), config=_config(config, device, max_batch_size),
+            flat, config=_config(config, device, max_batch_size),
             dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=_is_decode)
         self._active: weakref.ref | None = None
         self.undo = None   # set by compile(): restores the model when warm-up finds it cannot be served
         self._steps: dict[int, _DecodeStep] = {}   # batch size -> its decode graph's in-place inputs
         self._staged: _DecodeStep | None = None    # whose constant inputs the graph buffers hold now
         # The keyword generate() passes the cache under: `past_key_values` in transformers 5.17, `cache` later.
-        self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_keyword = cache_keyword(model.forward)
 
     # ---- warm-up ----
     def warmup(self) -> dict[str, Any]:

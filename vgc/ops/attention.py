@@ -301,11 +301,15 @@ def _write_kv(key, value, key_cache, value_cache, slot_mapping):
     value_cache[blk, off] = value[valid].to(value_cache.dtype)
 
 
+def _key_distance(q_len: int, seq_len: int, device) -> torch.Tensor:
+    """[q_len, seq_len]: key position minus query position, the new tokens being the last q_len positions."""
+    positions = torch.arange(seq_len, device=device)
+    return positions[None, :] - positions[seq_len - q_len:, None]
+
+
 def _causal_mask(q_len: int, seq_len: int, device) -> torch.Tensor:
-    # New tokens are the last q_len positions of the sequence; True = attend.
-    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
-    k_pos = torch.arange(seq_len, device=device)
-    return k_pos[None, :] <= q_pos[:, None]
+    # True = attend: keys at or before the query
+    return _key_distance(q_len, seq_len, device) <= 0
 
 
 def _alibi_mask(slopes, distance, visible, dtype):
@@ -325,9 +329,8 @@ def _attend_math(q, k, v, scale, alibi_slopes=None):
     scores = torch.einsum("nhgd,shd->hgns", qg, k.float()) * scale
     seq_len = k.shape[0]
     if alibi_slopes is not None:
-        distance = torch.arange(seq_len, device=q.device)[None, :] - torch.arange(seq_len - n, seq_len,
-                                                                                  device=q.device)[:, None]
-        scores = scores + (alibi_slopes.float().view(num_heads, 1, 1) * distance).view(num_kv_heads, group, n, seq_len)
+        bias = alibi_slopes.float().view(num_heads, 1, 1) * _key_distance(n, seq_len, q.device)
+        scores = scores + bias.view(num_kv_heads, group, n, seq_len)
     mask = _causal_mask(n, seq_len, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     out = torch.einsum("hgns,shd->nhgd", scores.softmax(dim=-1), v.float())
@@ -339,9 +342,8 @@ def _attend_sdpa(q, k, v, scale, alibi_slopes=None):
     n, seq_len = q.shape[0], k.shape[0]
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     if alibi_slopes is not None:
-        positions = torch.arange(seq_len, device=q.device)
-        distance = positions[None, :] - positions[seq_len - n:, None]                   # [n, s]
-        mask = _alibi_mask(alibi_slopes, distance, _causal_mask(n, seq_len, q.device), q.dtype)
+        distance = _key_distance(n, seq_len, q.device)
+        mask = _alibi_mask(alibi_slopes, distance, distance <= 0, q.dtype)
         return _sdpa(q4, k4, v4, mask[None], False, scale)[0].transpose(0, 1)
     mask, causal = None, False
     # SDPA's is_causal aligns the mask top-left, which is only right when the
