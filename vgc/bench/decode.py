@@ -11,7 +11,8 @@ some vgc rows get a "+ passes" twin (every built-in graph pass on), timed interl
 `--interleave`, every chosen row is built first and all are timed interleaved.
 
 Beside the times: the roofline (the weights' bytes over the step time, and that as a share of a device-to-device
-copy's bandwidth measured in the same run), the CUDA kernels per step of the graph rows (profiler), and per row
+copy's bandwidth measured in the same run), the CUDA kernels per step of the graph rows and the mean idle time
+between two of a step's kernels (profiler: what launch latency costs inside a graph), and per row
 the setup seconds (compile + capture; cold only for the first row of a process with empty caches) and the Inductor
 compiles it made.
 With `--tp 1,2`, the tensor-parallel decoder runs one process per GPU instead (`vgc.bench.decode_tp`).
@@ -25,7 +26,7 @@ import time
 
 import torch
 
-from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs, kernels_per_call, llama_on_cuda,
+from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs, kernel_profile, llama_on_cuda,
                               print_pass_speedups, row_groups, time_interleaved, warm_llama, with_pass_twins)
 
 
@@ -169,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                 batch = make()
                 for name, (fn, extra) in built.items():
                     if "vgc" in name and "NONE" not in name or "reduce-overhead" in name or "breakable" in name:
-                        extra.setdefault("kernels", {})[column] = kernels_per_call(fn, batch)
+                        kernels, gap = kernel_profile(fn, batch)
+                        extra.setdefault("kernels", {})[column] = kernels
+                        extra.setdefault("gap_us", {})[column] = gap
         for name, (_, extra) in built.items():
             results[name] = {"ms": cells[name], **extra}
             print(f"  {name}: " + ", ".join(f"{c} {v:.3f} ms" for c, v in cells[name].items()), flush=True)
@@ -194,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nGPU kernels per call (profiler):")
         for name, kernels in counted.items():
             print(f"{name:26s}" + "".join(f"{kernels.get(c, float('nan')):14.0f}" for c, _ in columns))
+        print("\nmean launch gap between two kernels of a call, µs (profiler; the idle time a chained launch hides):")
+        for name in counted:
+            gaps = results[name].get("gap_us", {})
+            print(f"{name:26s}" + "".join(f"{gaps.get(c, float('nan')):14.2f}" for c, _ in columns))
     base = results.get("inductor reduce-overhead")
     if base:
         print("\nspeed-up over reduce-overhead:")

@@ -11,16 +11,20 @@ Rows (each on its own copy of the model; vgc's fusion pass rebinds weights):
 - `vgc drop-in (dynamic cache)`: `model.forward = torch.compile(model.forward, backend="vgc")`, nothing else;
 - `vgc CompileConfig (static cache)`: the anchor with `CompileConfig(backend="vgc")`, FULL_AND_PIECEWISE, split
   at SDPA;
-- `vgc integration`: `vgc.integrations.transformers.compile(model)`;
+- `vgc integration`: `vgc.integrations.transformers.compile(model)`: generate()'s loop on the device (a sampler
+  graph after each decode graph, no host sync per token);
+- `vgc integration (host loop)`: the same with `device_loop=False`: transformers' own loop around vgc's decode graphs;
 - `vgc breakable (dynamic cache)`: `vgc.integrations.transformers.breakable(model, batch_sizes=[batch])`: no Dynamo,
   no Inductor; decode steps replay breakable CUDA graphs on the default dynamic cache.
 
 Columns: `first s` (the row's first generate(): compile, capture and one generate; the bench starts with empty vgc,
 Inductor and Triton caches), new tokens/s and ms per token (median of `--reps` generate() calls, the rows interleaved: A,
 B, C, A, B, C, ...), the decode forward alone (CUDA events around each one-token model call, in separate generate()
-calls so the events do not slow the timed ones), the host µs that call takes to return (what the host spends
-launching one decode step: the anchor's cudagraph-tree replay against vgc's), and how many leading new tokens equal
-eager's (bf16 with random weights diverges on near-ties: exact equality is what the fp32 CPU tests check).
+calls so the events do not slow the timed ones; for the integration rows, its FULL decode graph replayed alone),
+the host µs that call takes to return (what the host spends launching one decode step: the anchor's cudagraph-tree
+replay against vgc's), `over ms` (ms per token minus the decode forward: what generate() spends per token outside
+the decode step, the prefill's share included), and how many leading new tokens equal eager's (bf16 with random
+weights diverges on near-ties: exact equality is what the fp32 CPU tests check).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def _shape(name: str, layers: int | None):
 
 MODELS = ("llama_1b", "qwen2_0_5b", "tiny")
 ROWS = ("eager", "anchor", "vgc drop-in (dynamic cache)", "vgc CompileConfig (static cache)", "vgc integration",
-        "vgc breakable (dynamic cache)")
+        "vgc integration (host loop)", "vgc breakable (dynamic cache)")
 
 
 def _build(config, device: str, dtype: torch.dtype):
@@ -126,15 +130,34 @@ def _rows(base, names: list[str], batch: int):
         elif name == "vgc CompileConfig (static cache)":
             kwargs = anchor_kwargs(backend="vgc", mode=None, fullgraph=True,
                                    options={"cudagraph_mode": "full_and_piecewise", "splitting_ops": SPLIT_AT_SDPA})
-        elif name == "vgc integration":
+        elif name.startswith("vgc integration"):
             from vgc.integrations import transformers as vgc_transformers
-            vgc_transformers.compile(model, max_batch_size=batch)
+            vgc_transformers.compile(model, max_batch_size=batch, device_loop=name == "vgc integration")
         elif name == "vgc breakable (dynamic cache)":
             from vgc.integrations import transformers as vgc_transformers
             vgc_transformers.breakable(model, batch_sizes=[batch])
         return model, kwargs
 
     return {name: (lambda name=name: build(name)) for name in names}
+
+
+def _decode_graph_ms(model, batch: int, replays: int = 20) -> tuple[float, float]:
+    """The integration's decode step alone: its FULL graph replayed on what its buffers hold (the last
+    generate()'s inputs); (median GPU ms, median host µs) per replay."""
+    step = model.vgc.graph_step(batch)
+    if step is None:
+        return float("nan"), float("nan")
+    graphs, events, host = model.vgc.compiled.graphs, [], []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        began = time.perf_counter()
+        graphs.replay_full(step.padded)
+        host.append(time.perf_counter() - began)
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events), 1e6 * statistics.median(host)
 
 
 def _install_timer(name: str, model) -> _ForwardTimer | None:
@@ -158,7 +181,7 @@ def _report(args, dtype, device, results: dict, failed: dict) -> None:
           f"{str(dtype).replace('torch.', '')} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, "
           f"torch {torch.__version__}; prompt {args.prompt}, {args.new_tokens} new tokens, median of {args.reps}")
     header = (f"{'row':34s}{'batch':>6s}{'first s':>9s}{'tok/s':>9s}{'ms/tok':>8s}{'spread ms/tok':>15s}"
-              f"{'fwd ms':>8s}{'host us':>8s}{'= eager':>8s}{'vs anchor':>10s}{'fwd vs anchor':>14s}")
+              f"{'fwd ms':>8s}{'over ms':>8s}{'host us':>8s}{'= eager':>8s}{'vs anchor':>10s}{'fwd vs anchor':>14s}")
     print(header)
     for batch, rows in results.items():
         anchor = rows.get("anchor")
@@ -170,6 +193,7 @@ def _report(args, dtype, device, results: dict, failed: dict) -> None:
                 anchor["decode_forward_ms"] else f"{'-':>14s}"
             print(f"{name:34s}{batch:>6s}{r['first_s']:9.2f}{r['tok_s']:9.1f}{r['ms_per_token']:8.2f}"
                   f"{f'{lo:.2f}-{hi:.2f}':>15s}{(fwd if fwd else float('nan')):8.3f}"
+                  f"{(r['ms_per_token'] - fwd if fwd else float('nan')):8.3f}"
                   f"{(r['decode_host_us'] if r['decode_host_us'] else float('nan')):8.0f}"
                   f"{r['leading_tokens_equal_eager']:8d}{ratio}{fwd_ratio}")
     for batch, rows in failed.items():
@@ -268,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                     counted[name][key] = counted[name].get(key, 0) + d[key]
         forward_ms, host_us = {}, {}
         for name, (model, kwargs) in built.items():
+            if name.startswith("vgc integration") and device == "cuda":
+                forward_ms[name], host_us[name] = _decode_graph_ms(model, batch)
+                continue
             timer = _install_timer(name, model)
             if timer is not None:
                 timer.on = True

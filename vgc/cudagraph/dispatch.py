@@ -157,6 +157,11 @@ class GraphDispatcher:
         full = self.full.get(size)
         return None if full is None else {name: full.inputs[name] for name in self.dynamic}
 
+    def full_graph_output(self, size: int):
+        """What the FULL graph of capture size `size` writes (padded, in graph memory), without replaying it: a
+        caller that chains its own graph after it reads it there."""
+        return self.full[size].output
+
     def replay_full(self, size: int):
         """Replay the FULL graph of `size` on what its input buffers hold; returns its output, padded and in
         graph memory (the next replay overwrites it). Debug mode re-runs the model on those same buffers, so it

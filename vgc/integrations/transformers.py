@@ -42,6 +42,7 @@ from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size
 from vgc.integrations import alibi, attention_probe
+from vgc.integrations.decode_loop import DecodeLoop
 from vgc.integrations.breakable_generate import breakable, cache_keyword, refuse_unsupported, set_attention
 from vgc.integrations.vision_towers import encoder_manager, vision_adapter
 
@@ -272,6 +273,8 @@ class GenerationEngine:
         self._staged: _DecodeStep | None = None    # whose constant inputs the graph buffers hold now
         # The keyword generate() passes the cache under: `past_key_values` in transformers 5.17, `cache` later.
         self.cache_keyword = cache_keyword(model.forward)
+        self.loop = DecodeLoop(self, lambda cache: isinstance(cache, VgcCache) and cache.engine is self and
+                               not cache.seen)
 
     # ---- warm-up ----
     def warmup(self) -> dict[str, Any]:
@@ -319,6 +322,12 @@ class GenerationEngine:
                 "query_start_loc": query_start_loc, "logits_indices": logits_indices}
 
     # ---- one call ----
+    def check_fits(self, tokens: int) -> None:
+        if tokens > self.max_cache_len:
+            raise ValueError(f"the sequences would reach {tokens} tokens, more than max_cache_len="
+                             f"{self.max_cache_len}; pass a larger max_cache_len to "
+                             "vgc.integrations.transformers.compile (or fewer max_new_tokens)")
+
     def run(self, cache: VgcCache, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
             logits_to_keep) -> torch.Tensor:
         """transformers' call on `cache` -> logits [batch, columns kept, vocab]."""
@@ -337,10 +346,7 @@ class GenerationEngine:
             cache.batch, cache.lens = batch, torch.zeros(batch, dtype=torch.long, device=self.device)
         elif batch != cache.batch:
             raise ValueError(f"this cache holds {cache.batch} sequences, and the call has {batch}")
-        if cache.seen + columns > self.max_cache_len:
-            raise ValueError(f"the sequences would reach {cache.seen + columns} tokens, more than max_cache_len="
-                             f"{self.max_cache_len}; pass a larger max_cache_len to "
-                             "vgc.integrations.transformers.compile (or fewer max_new_tokens)")
+        self.check_fits(cache.seen + columns)
         if attention_mask is not None and attention_mask.shape[1] != cache.seen + columns:
             # the mask covers every column the sequences have; anything else is a call that does not continue
             # this cache (generate() without a cache re-sends the whole sequence): appending it would be wrong
@@ -364,7 +370,7 @@ class GenerationEngine:
         overwrites them)."""
         batch, positions = cache.batch, cache.lens
         lens = positions + (1 if new is None else new.view(batch))
-        step = self._graph_step(batch)
+        step = self.graph_step(batch)
         if step is not None:
             logits = step.run(ids, positions, lens)
         else:
@@ -378,7 +384,7 @@ class GenerationEngine:
         return self._flat(ids, positions, self.row_start[:batch] + positions, self.block_table[:batch], lens,
                           self._offsets[:batch + 1], self._rows[:batch])
 
-    def _graph_step(self, batch: int) -> "_DecodeStep | None":
+    def graph_step(self, batch: int) -> "_DecodeStep | None":
         """The FULL graph that serves a decode step of `batch` rows, its inputs written in place: the engine
         builds every input itself, so the compiled model's per-call binding, checks and padding copies are
         skipped (what they check holds by construction here; token ids are still checked)."""
@@ -423,6 +429,7 @@ class GenerationEngine:
         report["kv_cache"] = {"max_batch_size": self.max_batch_size, "max_cache_len": self.max_cache_len,
                               "block_size": self.block_size,
                               "bytes": sum(t.numel() * t.element_size() for t in self.kv_caches)}
+        report["decode_loop"] = self.loop.stats()
         return report
 
 
@@ -443,18 +450,23 @@ class _DecodeStep:
             self.id_check({"input_ids": ids})
         engine = self.engine
         if engine._staged is not self:
-            inputs = engine._decode_inputs(ids, positions, lens)
-            pad_many([(buffer, inputs[name], _DYNAMIC[name], PAD_VALUES[name])
-                      for name, buffer in self.buffers.items()], self.padded - self.batch)
-            engine._staged = self
+            self.stage(ids, positions, lens)
         else:
             _compat.copy_many(self.moving, [ids, positions, lens])
             torch.add(engine.row_start[:self.batch], positions, out=self.slots)
         return self.graphs.replay_full(self.padded)
 
+    def stage(self, ids: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor) -> None:
+        """Write every input of this step, padding included, into the graph's buffers."""
+        inputs = self.engine._decode_inputs(ids, positions, lens)
+        pad_many([(buffer, inputs[name], _DYNAMIC[name], PAD_VALUES[name])
+                  for name, buffer in self.buffers.items()], self.padded - self.batch)
+        self.engine._staged = self
+
 
 def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: int | None = None,
-            block_size: int = 16, config: CompilationConfig | dict | None = None) -> torch.nn.Module:
+            block_size: int = 16, config: CompilationConfig | dict | None = None,
+            device_loop: bool = True) -> torch.nn.Module:
     """Prepare a transformers causal LM for fast `generate()` and return it (changed in place; `model.vgc` is
     its `GenerationEngine`).
 
@@ -462,6 +474,10 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     at most 4096) fit the paged KV cache, allocated now. `config` is a `vgc.CompilationConfig` (or a dict of its
     fields) for the flat forward; by default, on CUDA, FULL CUDA graphs for decode steps of 1 to `max_batch_size`
     sequences and piece graphs for prefill of up to that many tokens.
+
+    `device_loop`: generate()'s greedy and sampling loop runs on the device (`vgc.integrations.decode_loop`): per
+    token the decode step's FULL graph and a sampler graph replay, and the host reads whether every row is done
+    only every few tokens. Calls it does not reproduce run transformers' loop (`stats()["decode_loop"]`).
 
     generate() calls that bring their own cache of another kind (`past_key_values=DynamicCache()`), and forward
     calls without a cache, run the model eagerly with its original attention.
@@ -521,11 +537,30 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
             kwargs[cache_name] = VgcCache(engine)
             kwargs["use_cache"] = True   # else generate() re-sends every column each step (MPT's config says False)
             engine.warmup()
+            if device_loop:
+                _use_device_loop(engine, generate, args, kwargs)
         return generate(*args, **kwargs)
 
     engine.undo = undo
     model.forward, model.generate, model.vgc = vgc_forward, vgc_generate, engine
     return model
+
+
+def _use_device_loop(engine: GenerationEngine, generate, args: tuple, kwargs: dict) -> None:
+    """Hand generate() vgc's decoding method, unless the call asks for what only transformers' loop does."""
+    if "custom_generate" not in inspect.signature(generate).parameters:
+        reason = "this transformers has no custom_generate"
+    elif len(args) > 1:
+        reason = "positional arguments after the inputs"
+    else:
+        reason = next((why for name, why in (("custom_generate", "a custom_generate of the caller's"),
+                                             ("assistant_model", "an assistant model"), ("streamer", "a streamer"),
+                                             ("synced_gpus", "synced_gpus"))
+                       if kwargs.get(name)), None)
+    if reason is None:
+        kwargs["custom_generate"] = engine.loop.decode
+    else:
+        engine.loop.fallback(reason)
 
 
 def _eager(model, forward, original: str, serving: str, *args, **kwargs):
