@@ -22,9 +22,10 @@ Inductor and Triton caches), new tokens/s and ms per token (median of `--reps` g
 B, C, A, B, C, ...), the decode forward alone (CUDA events around each one-token model call, in separate generate()
 calls so the events do not slow the timed ones; for the integration rows, its FULL decode graph replayed alone),
 the host µs that call takes to return (what the host spends launching one decode step: the anchor's cudagraph-tree
-replay against vgc's), `over ms` (ms per token minus the decode forward: what generate() spends per token outside
-the decode step, the prefill's share included), and how many leading new tokens equal eager's (bf16 with random
-weights diverges on near-ties: exact equality is what the fp32 CPU tests check).
+replay against vgc's), `over ms` (what generate() spends per token outside the decode step: the median time of a
+generate() of `--new-tokens` tokens, less that of one token (the prefill and the calls around it), over the tokens
+between, less the decode forward), and how many leading new tokens equal eager's (bf16 with random weights diverges
+on near-ties: exact equality is what the fp32 CPU tests check).
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ def _report(args, dtype, device, results: dict, failed: dict) -> None:
                 anchor["decode_forward_ms"] else f"{'-':>14s}"
             print(f"{name:34s}{batch:>6s}{r['first_s']:9.2f}{r['tok_s']:9.1f}{r['ms_per_token']:8.2f}"
                   f"{f'{lo:.2f}-{hi:.2f}':>15s}{(fwd if fwd else float('nan')):8.3f}"
-                  f"{(r['ms_per_token'] - fwd if fwd else float('nan')):8.3f}"
+                  f"{(r['ms_per_later_token'] - fwd if fwd else float('nan')):8.3f}"
                   f"{(r['decode_host_us'] if r['decode_host_us'] else float('nan')):8.0f}"
                   f"{r['leading_tokens_equal_eager']:8d}{ratio}{fwd_ratio}")
     for batch, rows in failed.items():
@@ -251,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         gen_kwargs = {"attention_mask": torch.ones_like(prompt), "max_new_tokens": args.new_tokens,
                       "min_new_tokens": args.new_tokens, "do_sample": False}
 
-        def generate(model, kwargs):
+        def generate(model, kwargs, tokens=None):
             with torch.no_grad():
-                out = model.generate(prompt, **gen_kwargs, **kwargs)
+                out = model.generate(prompt, **{**gen_kwargs, **({} if tokens is None else {
+                    "max_new_tokens": tokens, "min_new_tokens": tokens})}, **kwargs)
             if device == "cuda":
                 torch.cuda.synchronize()
             return out[:, args.prompt:]
@@ -280,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             built[name] = (model, kwargs)
             print(f"  batch {batch} {name}: first generate() {first[name]['seconds']:.2f} s", flush=True)
         samples = {name: [] for name in built}
+        one_token = {name: [] for name in built}
         counted = {name: {} for name in built}
         for _ in range(args.reps):   # interleaved: drift in the host or the GPU falls on every row alike
             for name, (model, kwargs) in built.items():
@@ -287,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
                     start = time.perf_counter()
                     generate(model, kwargs)
                     samples[name].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                generate(model, kwargs, tokens=1)
+                one_token[name].append(time.perf_counter() - start)
                 for key in ("dynamo_traces", "inductor_compiles", "cudagraph_replays", "cudagraph_captures",
                             "eager_runs"):
                     counted[name][key] = counted[name].get(key, 0) + d[key]
@@ -308,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault(str(batch), {})[name] = {
                 "first_s": first[name]["seconds"], "tok_s": batch * args.new_tokens / seconds,
                 "ms_per_token": 1000 * seconds / args.new_tokens, "spread_s": [min(samples[name]), max(samples[name])],
+                "ms_per_later_token": 1000 * (seconds - statistics.median(one_token[name]))
+                / max(1, args.new_tokens - 1),
                 "decode_forward_ms": forward_ms.get(name), "decode_host_us": host_us.get(name),
                 "leading_tokens_equal_eager": leading,
                 "after_first": counted[name]}
