@@ -189,8 +189,10 @@ class _Sampler:
         self.history = torch.zeros(batch, width if history else 1, **long)
         self.unfinished = torch.ones(batch, **long)
         self.alive = torch.zeros(width, dtype=torch.bool, device=device)
-        self.index = torch.zeros(1, **long)      # the token this replay picks (0 = the prefill's)
-        self.columns = torch.zeros(1, **long)    # the sequences' columns so far (transformers' input_ids.shape[-1])
+        # [the token this replay picks (0: the prefill's), the sequences' columns so far (transformers'
+        # input_ids.shape[-1])]: one tensor, so that one kernel moves both on
+        self.counters = torch.zeros(2, **long)
+        self.index, self.columns = self.counters[:1], self.counters[1:]
         self.lens = torch.zeros(batch, **long)   # each row's length before the token this replay picks is fed
         vocab = torch.arange(logits.shape[-1], device=device)
         self.min_rules = [torch.isin(vocab, torch.tensor(ids, device=device))   # EOS ids banned below a length
@@ -202,7 +204,10 @@ class _Sampler:
     def _step(self) -> None:
         """One token: what transformers' loop body computes, then the next decode step's inputs."""
         batch, plan = self.batch, self.plan
-        scores = self.logits.to(torch.float32, copy=True)
+        if not plan.processors and not plan.do_sample:
+            scores = self.logits   # transformers' float32 copy is exact, so its argmax is the logits' own
+        else:
+            scores = self.logits.to(torch.float32, copy=True)
         rule = 0
         for kind, *item in plan.processors:
             if kind == "min":
@@ -223,8 +228,7 @@ class _Sampler:
         if self.history.shape[1] > 1:
             self.history.scatter_(1, self.columns.view(1, 1).expand(batch, 1), column)
         self.alive.scatter_(0, self.index, self.unfinished.any().view(1))
-        self.index += 1
-        self.columns += 1
+        self.counters += 1
         self.ids.copy_(chosen)
         self.positions.copy_(self.lens)
         torch.add(self.lens, 1, out=self.seq_lens)
