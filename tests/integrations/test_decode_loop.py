@@ -209,7 +209,7 @@ def test_gpu_device_loop_equals_eager_with_no_host_sync_per_token(dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     eager, model = (_build().to("cuda", dtype) for _ in range(2))
-    vgc_transformers.compile(model, max_batch_size=4, max_cache_len=64)
+    vgc_transformers.compile(model, max_batch_size=4, max_cache_len=96)
     prompts, mask = PROMPTS.cuda(), MASK.cuda()
     for settings in ({}, {"do_sample": True, "seed": 1, "top_k": 10, "top_p": 0.95}):
         got = _generate(model, prompts, mask, **settings)
@@ -237,4 +237,7 @@ def test_gpu_device_loop_equals_eager_with_no_host_sync_per_token(dtype):
         assert sites   # the prefill reads the token count: the counting works
         return sites
 
-    assert syncs(40) == syncs(8)
+    # a wait per token would add 64 at one site; one stray wait outside the loop (seen once on an H100 in torch's
+    # cuda module, at the debug-mode switch) may land in either window
+    grown = syncs(72) - syncs(8)
+    assert sum(grown.values()) <= 1, grown
