@@ -460,8 +460,9 @@ class VgcBackend:
         if mode == CUDAGraphMode.NONE:
             return None
         if device_type != "cuda":
-            logger.warning("cudagraph_mode=%s needs a CUDA device; this %s model runs without CUDA graphs",
-                           mode.value, device_type)
+            # once per process: the drop-in builds a backend per graph Dynamo hands it (a graph break makes two)
+            log.warn_once(f"graphs on {device_type}:{mode.value}", "cudagraph_mode=%s needs a CUDA device; this "
+                          "%s model runs without CUDA graphs", mode.value, device_type)
             return None
         # Drop-in FULL keeps piece graphs for the signatures a FULL graph cannot hold.
         return self.graph_runtime

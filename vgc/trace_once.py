@@ -28,7 +28,7 @@ from vgc.cache import debug_files, saved_traces
 from vgc.cache.entry import open_root, open_store
 from vgc.cache.keys import module_source_files, user_source_files
 from vgc.capture.contract import InputContract
-from vgc.capture.model_state import model_structure, state_mismatch
+from vgc.capture.model_state import model_structure, state_mismatch, state_shapes
 from vgc.capture.paths import InputMismatchError
 from vgc.capture.size_guards import snapshot_shape_guards
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType, PieceBackend
@@ -163,7 +163,7 @@ class TraceSession:
         self.arguments = arguments
         self.device_type = device_type
         self.specs, self.dynamic = contract[:2]
-        self.identity = saved_traces.identity(self.forward, contract)
+        self.identity = saved_traces.identity(self.forward, (contract, state_shapes(self.model)))
         self.structure = model_structure(self.model)
         self.seconds: dict[str, float] = {}
 

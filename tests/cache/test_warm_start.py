@@ -187,6 +187,10 @@ def test_same_process_second_model_loads_the_trace(tmp_path, monkeypatch):
     fourth = vgc.compile(wider)
     with vgc.counters.expect(dynamo_traces=1, traces_loaded=0):   # same code and inputs, other weight shapes
         fourth.warmup(lambda n: llama.make_batch(cfg, n))
+    # ... saved beside the first model's trace, not over it: each loads its own from now on
+    assert len(trace_files(tmp_path / "root")) == 2
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, traces_loaded=1):
+        vgc.compile(llama.Llama(wider.cfg)).warmup(lambda n: llama.make_batch(cfg, n))
     with torch.no_grad():
         for model, compiled in ((other_eps, third), (llama.Llama(cfg), second), (wider, fourth)):
             batch = llama.make_batch(cfg, 7)

@@ -124,6 +124,43 @@ def test_calls_vgc_does_not_serve_run_eagerly_on_the_original_attention():
     assert calls["eager_runs"] == 5 and calls["dynamo_traces"] == 0
 
 
+def test_generate_calls_that_need_the_models_own_cache_run_eagerly():
+    """What docs/transformers.md says runs eagerly does: input embeddings, per-step hidden states and attentions,
+    and a cache of the caller's under either keyword transformers takes (5.25 renamed past_key_values to cache),
+    each with eager's tokens and nothing dropped."""
+    import warnings
+
+    eager, model = _compiled.get("llama") or (None, None)
+    if model is None:
+        pytest.skip("runs after the llama tests built the model")
+    embeds = eager.get_input_embeddings()(PROMPTS)
+    calls = [({"inputs_embeds": embeds}, None),
+             ({"output_hidden_states": True, "return_dict_in_generate": True}, "hidden_states"),
+             ({"output_attentions": True, "return_dict_in_generate": True}, "attentions")]
+    calls += [({name: "dynamic"}, None) for name in ("past_key_values", "cache")]
+    for settings, output in calls:
+        def run(m):
+            kwargs = {k: transformers.DynamicCache(config=m.config) if v == "dynamic" else v
+                      for k, v in settings.items()}
+            with torch.no_grad():
+                return m.generate(None if "inputs_embeds" in kwargs else PROMPTS, attention_mask=MASK,
+                                  max_new_tokens=4, do_sample=False, **kwargs)
+        with warnings.catch_warnings(record=True) as eager_said:
+            warnings.simplefilter("always")
+            want = run(eager)
+        with vgc.counters.delta() as counted, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = run(model)
+        assert counted["eager_runs"] == 4, (settings, counted)   # every forward, on the original attention
+        # nothing said beyond what eager says (transformers warns when it drops one of two caches it was given)
+        assert {str(w.message) for w in caught} <= {str(w.message) for w in eager_said}, settings
+        if output is None:
+            assert got.tolist() == want.tolist(), settings
+        else:
+            assert got.sequences.tolist() == want.sequences.tolist(), settings
+            assert len(getattr(got, output)) == len(getattr(want, output)) == 4
+
+
 def test_bad_requests_are_refused_with_the_fix():
     eager, model = _compiled.get("llama") or (None, None)
     if model is None:

@@ -53,6 +53,15 @@ def model_structure(model: Any) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+def state_shapes(model: Any) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """(name, dtype, shape) of every parameter and buffer: two models of one class whose weights differ in shape
+    (another config) are other programs, and each needs its own saved trace."""
+    if not isinstance(model, torch.nn.Module):
+        return ()
+    tensors = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    return tuple((name, str(t.dtype), tuple(t.shape)) for name, t in tensors)
+
+
 def _callable_name(value: Any) -> str:
     code = getattr(value, "__code__", None)
     where = f"@{code.co_filename}:{code.co_firstlineno}" if code is not None else ""

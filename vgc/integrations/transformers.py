@@ -528,7 +528,7 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
 
     @functools.wraps(generate)
     def vgc_generate(*args, **kwargs):
-        if kwargs.get(cache_name) is None and kwargs.get("use_cache", True):
+        if _serves(cache_name, kwargs):
             beams = kwargs.get("num_beams") or getattr(kwargs.get("generation_config") or model.generation_config,
                                                        "num_beams", 1) or 1
             if beams > 1:
@@ -544,6 +544,22 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     engine.undo = undo
     model.forward, model.generate, model.vgc = vgc_forward, vgc_generate, engine
     return model
+
+
+# What a generate() call asks that only the model's own cache and forward give: each forward of such a call runs
+# eagerly on the original attention (vgc_forward sees no VgcCache), with transformers' own cache.
+_OWN_CACHE_KEYWORDS = ("past_key_values", "cache")   # transformers 5.17 takes the first, later ones both
+_PER_STEP_OUTPUTS = ("output_hidden_states", "output_attentions")
+
+
+def _serves(cache_name: str, kwargs: dict) -> bool:
+    """Whether vgc's cache serves this generate() call."""
+    if any(kwargs.get(name) is not None for name in (cache_name, *_OWN_CACHE_KEYWORDS)):
+        return False
+    if not kwargs.get("use_cache", True) or kwargs.get("inputs_embeds") is not None:
+        return False
+    config = kwargs.get("generation_config")
+    return not any(kwargs.get(name) or getattr(config, name, False) for name in _PER_STEP_OUTPUTS)
 
 
 def _use_device_loop(engine: GenerationEngine, generate, args: tuple, kwargs: dict) -> None:
