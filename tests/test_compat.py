@@ -148,6 +148,28 @@ def test_shape_guard_origin_drops_torch_frame_only_where_there_is_one():
     assert _compat._TORCH_FRAME.sub("", user_line) == user_line
 
 
+def test_a_guard_names_the_users_file_in_full(tmp_path, monkeypatch, no_cache):
+    """torch shortens the file of the line that made a guard relative to the directory it shares with torch; where
+    that is only "/" it cut the first letter off the path ("/tmp/m.py" became "mp/m.py"). vgc's messages name the
+    file as it is."""
+    import importlib
+
+    source = tmp_path / "branchy_model.py"
+    source.write_text("import torch\n\n\ndef forward(x):\n    if x.shape[0] > 4:\n        return x * 2\n"
+                      "    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    forward = importlib.import_module("branchy_model").forward
+    compiled = vgc.compile(forward)
+    compiled(torch.ones(8))
+    with pytest.raises(vgc.InputMismatchError, match=f"# {re.escape(str(source))}:5 in forward"):
+        compiled(torch.ones(2))
+    # what torch wrote for it, repaired; a name no loaded file ends with is left as torch gave it
+    cut = str(source)[2:] if str(source).startswith("/") else str(source)
+    assert _compat._user_line(f"if x:  # {cut}:5 in forward (_dynamo/x.py:1 in f)") == \
+        f"if x:  # {source}:5 in forward"
+    assert _compat._user_line("# nowhere/model.py:3 in forward") == "# nowhere/model.py:3 in forward"
+
+
 def test_without_a_fake_mode_there_are_no_symbols_or_guards():
     assert _compat.symbol_sources(None) == {} and _compat.shape_guards(None) == []
 

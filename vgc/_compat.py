@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import linecache
 import os
 import re
 import sys
@@ -271,8 +272,28 @@ def shape_guards(fake_mode) -> list[tuple[sympy.Basic, str]]:
     shape_env = _shape_env(fake_mode)
     if shape_env is None:
         return []
-    return [(guard.expr, _TORCH_FRAME.sub("", str(getattr(guard, "sloc", "") or "").strip()))
-            for guard in shape_env.guards]
+    return [(guard.expr, _user_line(str(getattr(guard, "sloc", "") or ""))) for guard in shape_env.guards]
+
+
+def _user_line(where: str) -> str:
+    """torch's location of a guard as the user's line only, its file named in full."""
+    return _USER_FILE.sub(_full_user_file, _TORCH_FRAME.sub("", where.strip()))
+
+
+# torch names the user's file relative to the directory it shares with torch's own (`shorten_filename`); where
+# that is only "/", it cuts the first character of the path's first name too ("/tmp/m.py" becomes "mp/m.py").
+_USER_FILE = re.compile(r"(?<=# )(\S+\.py)(?=:\d+ in )")
+
+
+def _full_user_file(match: re.Match) -> str:
+    """The loaded source file that torch's shortened name stands for (unique), else the name as torch gave it."""
+    short = match.group(1)
+    if os.path.isabs(short):
+        return short
+    loaded = {getattr(module, "__file__", None) for module in list(sys.modules.values())} | set(linecache.cache)
+    found = {path for path in loaded if isinstance(path, str) and path.endswith(short) and
+             (path[:-len(short)].endswith(os.sep) or len(path) - len(short) == 2)}
+    return found.pop() if len(found) == 1 else short
 
 
 def size_hint(value) -> int | None:
