@@ -1,5 +1,6 @@
 """The `vgc` command line, on cache entries written by hand: no test here compiles anything."""
 
+import argparse
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import torch
 
 import vgc
 from vgc import demo
+from vgc.bench import decode, encoder, generate, hf, startup
 from vgc.cache import cli as cache_cli
 from vgc.cache import inventory, layout
 from vgc.cache.keys import cache_key, source_factors
@@ -98,6 +100,23 @@ def test_version(capsys):
     assert f"vgc {vgc.__version__}" in out and f"torch {torch.__version__}" in out
 
 
+def _imported_modules(*argv: str) -> tuple[set[str], str]:
+    """The modules `python -m vgc ARGV` imports, and its stdout."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "vgc", *argv], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[1])
+    names = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    return names, proc.stdout
+
+
+@pytest.mark.parametrize("argv", [[], ["cache"], ["cache", "ls"], ["bench"], ["profile"], ["profile", "show"]])
+def test_help_imports_no_torch(argv):
+    names, out = _imported_modules(*argv, "--help")
+    assert out.startswith(f"usage: vgc {' '.join(argv)}".rstrip()), out
+    imported = sorted(n for n in names if n == "torch" or n.startswith("torch."))
+    assert not imported, f"`{' '.join(['vgc', *argv, '--help'])}` imported torch ({len(imported)} torch modules)"
+    assert "vgc.cli" in names   # the import log is read: an empty one would pass the line above
+
+
 def test_version_from_the_entry_point():
     proc = subprocess.run([sys.executable, "-m", "vgc", "--version"], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parents[1])
@@ -125,6 +144,38 @@ def test_ls_shows_what_tells_entries_apart(two_entries, capsys):
     assert code == 0 and len(out.splitlines()) == 2 and "differs" not in out
 
 
+def test_ls_tells_apart_sources_of_one_name(tmp_path, capsys):
+    files = [tmp_path / "src" / name for name in ("llama/modeling.py", "vit/modeling.py", "vit/utils.py")]
+    for i, path in enumerate(files):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"x = {i}\n")
+    root = tmp_path / "root"
+    entry = make_entry(root, vgc.CompilationConfig(), source_paths=files)
+    code, out = run_cli(capsys, "cache", "ls", "--root", str(root))
+    line = next(line for line in out.splitlines() if line.startswith(entry.hash))
+    assert code == 0 and line.endswith("  llama/modeling.py, utils.py, vit/modeling.py"), line
+    # an entry written before paths were kept: only names and digests are known
+    old_root = tmp_path / "old"
+    make_entry(old_root, vgc.CompilationConfig(), sources=[("model.py", "aaaaaaaa11111111"),
+                                                            ("model.py", "bbbbbbbb22222222"), ("util.py", "c" * 16)])
+    code, out = run_cli(capsys, "cache", "ls", "--root", str(old_root))
+    assert code == 0 and out.splitlines()[1].endswith("  model.py@aaaaaaaa, model.py@bbbbbbbb, util.py"), out
+
+
+@pytest.mark.parametrize("argv", [["ls"], ["show", "abc"], ["prune", "--older-than", "1d"], ["why-miss"],
+                                  ["pack", "-o", "{tmp}/out.vgcb"]])
+@pytest.mark.parametrize("make, problem", [(None, "does not exist"), ("file", "is not a directory")])
+def test_a_missing_root_is_a_usage_error(tmp_path, capsys, argv, make, problem):
+    root = tmp_path / "root"
+    if make == "file":
+        root.write_text("x")
+    code, out = run_cli(capsys, "cache", "--root", str(root), *(a.format(tmp=tmp_path) for a in argv))
+    assert code == 2, out
+    assert out == (f"vgc cache {argv[0]}: cache root {root} {problem}; pass the root the cache was written under "
+                   "(--root) or set VGC_CACHE_ROOT\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if make is None else ["root"]), "nothing written"
+
+
 def test_ls_cuts_a_long_list_of_differences(tmp_path, capsys):
     root = tmp_path / "root"
     env = {**FAKE_ENV, **{f"factor_{i}": f"value-{i}" for i in range(20)}}
@@ -134,6 +185,50 @@ def test_ls_cuts_a_long_list_of_differences(tmp_path, capsys):
     differs = [line for line in out.splitlines() if "differs:" in line]
     assert code == 0 and len(differs) == 2
     assert all(len(line) <= 120 and "more; see vgc cache show)" in line for line in differs)
+
+
+BENCHMARKS = {"startup": startup, "decode": decode, "hf": hf, "generate": generate, "encoder": encoder}
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_benchmark_help_describes_every_option(name, capsys):
+    parser = BENCHMARKS[name].build_parser()
+    assert parser.description
+    options = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]   # argparse lists none publicly
+    for action in options:
+        assert action.help, f"{action.option_strings} has no help"
+        if action.default is not None and action.default is not False:   # 0 is a default to name
+            assert "default" in action.help, f"{action.option_strings}: its help names no default"
+            assert action.default == "" or "%(default)s" in action.help or str(action.default) in action.help, \
+                action.option_strings
+    only = [a for a in options if "--only" in a.option_strings]
+    if name != "startup":   # every other benchmark is a table of rows
+        assert all(row in only[0].help for row in BENCHMARKS[name].ROWS)
+    # `vgc bench NAME --help` reaches the benchmark's own parser
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", name, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: vgc bench {name}") and " ".join(parser.description.split()[:4]) in " ".join(
+        out.split())
+
+
+@pytest.mark.parametrize("module", [decode, hf])
+def test_only_takes_the_rows_and_names_them_on_a_typo(module, capsys):
+    parser = module.build_parser()
+    assert parser.parse_args([]).only == []
+    rows = module.ROWS
+    assert parser.parse_args(["--only", f"{rows[-1]}, {rows[0]}"]).only == [rows[-1], rows[0]]
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--only", f"{rows[0]},no such row"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown row(s) ['no such row']" in err and all(repr(row) in err for row in rows)
+
+
+def test_a_row_name_may_hold_a_comma():
+    assert hf.build_parser().parse_args(["--only", "drop-in FULL, one piece,drop-in FULL + passes"]).only == [
+        "drop-in FULL, one piece", "drop-in FULL + passes"]
 
 
 @pytest.fixture
@@ -221,6 +316,7 @@ def test_a_prefix_that_names_no_single_entry(two_entries, tmp_path, capsys):
     prefix = os.path.commonprefix([new.hash, old.hash])
     code, out = run_cli(capsys, "cache", "show", "--root", str(root), prefix)
     assert code == 2 and "matches 2 entries" in out and "give more digits" in out
+    (tmp_path / "empty").mkdir()
     code, out = run_cli(capsys, "cache", "show", "--root", str(tmp_path / "empty"), "abc")
     assert code == 2 and "there are no entries" in out
 

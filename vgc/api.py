@@ -361,8 +361,8 @@ def compile(model: Callable, config: CompilationConfig | dict | None = None,
     "edge" to repeat the last entry); without it, only calls of exactly a capture size replay graphs
     and `uniform_decode(arguments) -> bool` says which calls FULL graphs serve (FULL_AND_PIECEWISE needs it).
     `record=PATH` writes a traffic profile there: how many calls had each size (tokens, the first padded dim),
-    uniform decode or not; `cudagraph_traffic_profile=PATH` in a later start's config chooses capture sizes
-    from it.
+    uniform decode or not; it is written every 30 s while calls come, when the model is dropped and at exit.
+    `cudagraph_traffic_profile=PATH` in a later start's config chooses capture sizes from it.
     """
     return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode, record)
 

@@ -67,7 +67,8 @@ def _demo_cache_root(cache_root: str | None):
                 os.environ[var] = value
         if cache_root is None:
             shutil.rmtree(root, ignore_errors=True)
-            print(f"\nremoved the temporary cache root {root}; use --cache-root DIR to keep the cache")
+            print(f"\nremoved the temporary cache root {root}; use --cache-root DIR to keep the cache, and with it "
+                  "the split graph as readable Python (computation_graph.py)")
         else:
             print(f"\ncache kept in {root}; list it with `vgc cache ls --root {root}`")
 
@@ -120,8 +121,6 @@ def _run(root: str, device: str, kept: bool) -> int:
     print(f"compiles after warm-up: {vgc.counters.inductor_compiles}, Dynamo traces: {vgc.counters.dynamo_traces}")
     if kept:
         print(f"\nsplit graph written to {graph}")
-    else:
-        print("\nthe split graph, as readable Python, is the entry's computation_graph.py (keep it with --cache-root)")
     return 0
 
 

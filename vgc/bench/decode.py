@@ -30,6 +30,39 @@ from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs
                               print_pass_speedups, row_groups, time_interleaved, warm_llama, with_pass_twins)
 
 
+ROWS = ("eager", "inductor default", "inductor reduce-overhead", "vgc NONE", "vgc PIECEWISE", "vgc FULL",
+        "vgc FULL_AND_PIECEWISE", "vgc F&P lengths per layer", "vgc F&P + skinny mm", "vgc F&P + PDL",
+        "vgc F&P tuned [1]", "vgc F&P eager pieces", "breakable + whole decode", "breakable", "drop-in PIECEWISE",
+        "drop-in FULL", "drop-in FULL_AND_PIECEWISE")
+"""The rows main() builds, in order: what --only accepts, known before a model is built."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vgc bench decode",
+        description="Per-step latency of a Llama-3.2-1B-shaped decoder under every execution strategy (eager, "
+                    "torch.compile, vgc.compile in each cudagraph mode, breakable graphs, drop-in "
+                    "torch.compile(backend=\"vgc\")), at several decode batch sizes and one prefill size. Needs CUDA.")
+    parser.add_argument("--batches", default="1,8,64,256", help="decode batch sizes, comma-separated "
+                                                                "(default: %(default)s)")
+    parser.add_argument("--prefill", type=int, default=512, help="prefill tokens, in 4 sequences "
+                                                                 "(default: %(default)s)")
+    parser.add_argument("--model", choices=["llama_1b", "tiny"], default="llama_1b",
+                        help="the decoder's shape: llama_1b (Llama-3.2-1B) or tiny (default: %(default)s)")
+    add_row_flags(parser, ROWS)
+    parser.add_argument("--interleave", action="store_true",
+                        help="build every chosen row first, then time all of them interleaved (more memory)")
+    parser.add_argument("--no-kernel-count", action="store_true",
+                        help="skip the profiler's kernel count of the graph rows (counted after all timing, when "
+                             "the rows run as one group: --interleave, or a single row)")
+    parser.add_argument("--tp", metavar="SIZES", help="comma-separated tensor-parallel world sizes (e.g. 1,2): "
+                        "the sharded decoder, one process per GPU (vgc.bench.decode_tp)")
+    parser.add_argument("--traffic", metavar="FILE", help="a recorded decoder traffic profile, or 'generate': "
+                        "replay a mix of batch sizes against default, profile-chosen and memory-budgeted capture "
+                        "sizes (vgc.bench.decode_traffic; see its --help)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     import vgc
     from vgc.models import llama
@@ -43,22 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return decode_traffic.main(argv)
 
-    parser = argparse.ArgumentParser(prog="vgc bench decode")
-    parser.add_argument("--batches", default="1,8,64,256", help="decode batch sizes")
-    parser.add_argument("--prefill", type=int, default=512, help="prefill tokens (4 sequences)")
-    parser.add_argument("--model", choices=["llama_1b", "tiny"], default="llama_1b")
-    add_row_flags(parser)
-    parser.add_argument("--interleave", action="store_true",
-                        help="build every chosen row first, then time all of them interleaved (more memory)")
-    parser.add_argument("--no-kernel-count", action="store_true",
-                        help="skip the profiler's kernel count of the graph rows (counted after all timing, when "
-                             "the rows run as one group: --interleave, or a single row)")
-    parser.add_argument("--tp", metavar="SIZES", help="comma-separated tensor-parallel world sizes (e.g. 1,2): "
-                        "the sharded decoder, one process per GPU (vgc.bench.decode_tp)")
-    parser.add_argument("--traffic", metavar="FILE", help="a recorded decoder traffic profile, or 'generate': "
-                        "replay a mix of batch sizes against default, profile-chosen and memory-budgeted capture "
-                        "sizes (vgc.bench.decode_traffic; see its --help)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("vgc bench decode needs a CUDA device")
 
@@ -125,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "drop-in FULL": lambda: (dropin("full"), {}),
         "drop-in FULL_AND_PIECEWISE": lambda: (dropin("full_and_piecewise"), {}),
     }
+    assert tuple(rows) == ROWS, "ROWS (what --only accepts) must name the rows built here, in order"
     if args.passes:
         from vgc.passes import BUILTIN_PASSES
 
@@ -136,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             "vgc FULL_AND_PIECEWISE": lambda: vgc_model("full_and_piecewise", **on),
             "drop-in PIECEWISE": lambda: (dropin("piecewise", **on), {}),
             "drop-in FULL_AND_PIECEWISE": lambda: (dropin("full_and_piecewise", **on), {})})
-    only = [r.strip() for r in args.only.split(",") if r.strip()]
     results = {}
-    groups = row_groups(rows, only)
+    groups = row_groups(rows, args.only)
     if args.interleave:
         groups = [[name for group in groups for name in group]]
     for group in groups:

@@ -435,25 +435,36 @@ def _release() -> None:
         torch.cuda.empty_cache()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from vgc.models import vit
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vgc bench encoder", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["qwen2_vl", "tiny", "hf-qwen2-vl", "hf-tiny"], default="qwen2_vl",
                         help="qwen2_vl: vgc's ViT at Qwen2-VL's vision shape, bf16, CUDA; hf-qwen2-vl: transformers' "
-                        "Qwen2-VL vision tower through vgc's adapter, bf16, CUDA; tiny, hf-tiny: run on the CPU too")
+                        "Qwen2-VL vision tower through vgc's adapter, bf16, CUDA; tiny, hf-tiny: run on the CPU too "
+                        "(default: %(default)s)")
     parser.add_argument("--requests", type=int, help="requests of scenarios a, b (default: 300 on CUDA, 6 on the "
                         "CPU)")
     parser.add_argument("--requests-small", type=int, help="requests of scenarios c, d, e, at most --requests "
                         "(default: 100 on CUDA, --requests on the CPU)")
     parser.add_argument("--warmup", type=int, help="untimed requests first, eager and vgc rows (default: 20 on "
                         "CUDA, 2 on the CPU)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scenarios", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e")
-    parser.add_argument("--only", default="", help=f"comma-separated subset of rows: {', '.join(ROWS)}")
-    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
-    parser.add_argument("--json", help="also write every number (per-request latencies too) here")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the scenarios' request lists (default: "
+                                                            "%(default)s)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated subset of "
+                        f"{', '.join(SCENARIOS)} (default: %(default)s)")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of rows: {', '.join(ROWS)} (default: "
+                                                   "all)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="where the model runs (default: cuda when "
+                                                                  "available)")
+    parser.add_argument("--json", help="also write every number (per-request latencies too) to this file (default: "
+                                       "none)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vgc.models import vit
+
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]

@@ -214,18 +214,32 @@ def _write_json(args, device, results: dict, failed: dict) -> None:
                    "reps": args.reps, "results": results, "failed": failed}, f, indent=1)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vgc bench generate",
+        description="Greedy transformers generate() on an unmodified causal LM (random weights), every way of running "
+                    "it: eager, transformers' static-cache compile, vgc drop-in and CompileConfig, vgc's integration "
+                    "and breakable graphs; first-call seconds, tokens/s, ms per token and the decode step alone.")
+    parser.add_argument("--model", choices=MODELS, default="llama_1b",
+                        help="the model's shape: llama_1b (Llama-3.2-1B), qwen2_0_5b (Qwen2-0.5B) or tiny (a smoke "
+                             "run) (default: %(default)s)")
+    parser.add_argument("--layers", type=int, help="fewer layers than the real shape, for quick runs (default: the "
+                                                   "real shape's)")
+    parser.add_argument("--batch", default="1", help="comma-separated batch sizes (default: %(default)s)")
+    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens per row (default: %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=128,
+                        help="new tokens each generate() call makes, exactly (default: %(default)s)")
+    parser.add_argument("--reps", type=int, default=3, help="timed generate() calls per row (default: %(default)s)")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of rows: {', '.join(ROWS)}; eager runs "
+                                                   "always, as the reference (default: all)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the model runs (default: cuda when available, here %(default)s)")
+    parser.add_argument("--json", help="also write the results to this file (default: none)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vgc bench generate")
-    parser.add_argument("--model", choices=MODELS, default="llama_1b")
-    parser.add_argument("--layers", type=int, help="fewer layers than the real shape (quick runs)")
-    parser.add_argument("--batch", default="1", help="comma-separated batch sizes (default 1)")
-    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=3, help="timed generate() calls per row")
-    parser.add_argument("--only", default="", help=f"comma-separated subset of rows: {', '.join(ROWS)}")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     # Every cache starts empty, so each row's first generate() is cold (rows later in the run may find Triton
     # kernels an earlier row built: same kernels are rare across strategies, but not impossible).
     root = tempfile.mkdtemp(prefix="vgc-bench-generate-")

@@ -67,14 +67,29 @@ def _vit(layers: int | None):
 MODELS = {"llama": (_llama, "1x16,4x128"), "vit": (_vit, "1,8,32")}
 
 
+ROWS = ("eager", "inductor default", "inductor reduce-overhead", "drop-in NONE", "drop-in PIECEWISE", "drop-in FULL",
+        "drop-in FULL, one piece", "drop-in FULL_AND_PIECEWISE", "drop-in F&P eager pieces", "breakable")
+"""The rows main() builds, in order: what --only accepts, known before a model is built."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vgc bench hf",
+        description="Latency of unmodified transformers models (a Llama-3.2-1B-shaped LlamaModel, a ViT-L/16-shaped "
+                    "ViTModel) under every execution strategy: eager, torch.compile, drop-in "
+                    "torch.compile(backend=\"vgc\") in each cudagraph mode, breakable graphs. Needs CUDA.")
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama",
+                        help="the transformers model to run (default: %(default)s)")
+    parser.add_argument("--shapes", help="comma-separated shapes: BxT for llama (default: "
+                                         f"{MODELS['llama'][1]}), batch sizes for vit (default: {MODELS['vit'][1]})")
+    parser.add_argument("--layers", type=int, help="fewer layers than the real shape, for quick runs (default: the "
+                                                   "real shape's)")
+    add_row_flags(parser, ROWS)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vgc bench hf")
-    parser.add_argument("--model", choices=sorted(MODELS), default="llama")
-    parser.add_argument("--shapes", help="comma-separated shapes: BxT for llama (default 1x16,4x128), batch "
-                                         "sizes for vit (default 1,8,32)")
-    parser.add_argument("--layers", type=int, help="fewer layers than the real shape (quick runs)")
-    add_row_flags(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("vgc bench hf needs a CUDA device")
     import vgc  # registers the "vgc" backend
@@ -122,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             "cudagraph_mode": "full_and_piecewise", "splitting_ops": SPLIT_AT_SDPA, "piece_backend": "eager"}),
         "breakable": breakable_graphs,
     }
+    assert tuple(rows) == ROWS, "ROWS (what --only accepts) must name the rows built here, in order"
     if args.passes:
         rows = with_pass_twins(rows, {
             "drop-in NONE": lambda: dropin("none", passes=True),
@@ -129,9 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             "drop-in FULL": lambda: dropin("full", passes=True),
             "drop-in FULL, one piece": lambda: dropin("full", splitting_ops=[], passes=True),
             "drop-in FULL_AND_PIECEWISE": lambda: dropin("full_and_piecewise", passes=True)})
-    only = [r.strip() for r in args.only.split(",") if r.strip()]
     results, reference = {}, {}
-    for group in row_groups(rows, only):
+    for group in row_groups(rows, args.only):
         torch.compiler.reset()
         fns, setup = {}, {}
         for name in group:

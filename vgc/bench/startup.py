@@ -94,23 +94,34 @@ COLUMNS = [("first output", "first_output_s"), ("import", "import_s"), ("model",
            ("compile", "compile_s"), ("load artifacts", "load_artifacts_s"), ("capture", "capture_s")]
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vgc bench startup",
+        description="Time to first output of vgc.compile, phase by phase, each start in a fresh process: cold (every "
+                    "compile cache empty), warm (the same caches again) and from a bundle (the warm cache packed, then "
+                    "unpacked under a new root).")
+    parser.add_argument("--model", choices=["tiny", "llama_1b"], default=None,
+                        help="the Llama shape to start (default: llama_1b on CUDA, tiny on the CPU)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="where the model runs (default: cuda when available, else cpu)")
+    parser.add_argument("--cudagraph-mode", choices=MODES, default="none",
+                        help="capture CUDA graphs in warmup() too, CUDA only (default: %(default)s)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="inductor",
+                        help="vgc.compile with Inductor pieces (inductor) or eager pieces (eager-pieces: "
+                             "piece_backend='eager'), or breakable graphs (breakable: vgc.cudagraph.breakable, no "
+                             "Dynamo, no Inductor, nothing cached; needs CUDA and a cudagraph mode) "
+                             "(default: %(default)s)")
+    parser.add_argument("--warm-runs", type=int, default=2, help="warm starts after the cold one, 0 for the cold "
+                        "start only (default: %(default)s)")
+    parser.add_argument("--no-bundle", action="store_true", help="skip the bundle row (pack, unpack, start)")
+    parser.add_argument("--json", help="also write the results to this file (default: none)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    parser = argparse.ArgumentParser(prog="vgc bench startup")
-    parser.add_argument("--model", choices=["tiny", "llama_1b"], default=None,
-                        help="default: llama_1b on CUDA, tiny on CPU")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    parser.add_argument("--cudagraph-mode", choices=MODES, default="none",
-                        help="capture CUDA graphs in warmup() too (CUDA only); default none")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="inductor",
-                        help="vgc.compile with Inductor pieces (default) or eager pieces (piece_backend='eager'), or "
-                             "breakable graphs (vgc.cudagraph.breakable: no Dynamo, no Inductor, nothing cached; "
-                             "needs CUDA and a cudagraph mode)")
-    parser.add_argument("--warm-runs", type=int, default=2, help="warm starts after the cold one (0: the cold "
-                        "start only)")
-    parser.add_argument("--no-bundle", action="store_true", help="skip the bundle row (pack, unpack, start)")
-    parser.add_argument("--json", help="also write the results here")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.warm_runs < 0:
         parser.error(f"--warm-runs must be 0 or more, got {args.warm_runs}")

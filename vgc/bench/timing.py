@@ -4,8 +4,10 @@ per call, rows and their '+ passes' twins, the common flags, the reference decod
 from __future__ import annotations
 
 import argparse
+import functools
 import socket
 import statistics
+from typing import Sequence
 
 import torch
 
@@ -132,11 +134,33 @@ def print_pass_speedups(results: dict, columns: list[str], width: int) -> None:
                                                for c in columns))
 
 
-def add_row_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags every row-table benchmark takes: timing, the rows to run, pass twins, a JSON copy."""
+def _row_names(rows: Sequence[str], text: str) -> list[str]:
+    """`--only`'s value as row names. A name may hold a comma ("drop-in FULL, one piece"), so at each place the
+    longest run of comma-separated pieces that names a row is taken."""
+    known = set(rows) | {name + PASSES for name in rows}
+    pieces, names, unknown, i = text.split(","), [], [], 0
+    while i < len(pieces):
+        end = next((j for j in range(len(pieces), i, -1) if ",".join(pieces[i:j]).strip() in known), None)
+        if end is None:
+            unknown += [pieces[i].strip()] if pieces[i].strip() else []
+            i += 1
+        else:
+            names.append(",".join(pieces[i:end]).strip())
+            i = end
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown row(s) {unknown}; the rows are: {', '.join(map(repr, rows))} "
+                                         f"(with --passes, also '<row>{PASSES}')")
+    return names
+
+
+def add_row_flags(parser: argparse.ArgumentParser, rows: Sequence[str]) -> None:
+    """The flags every row-table benchmark takes: timing, the rows to run (`rows`, the benchmark's row names), pass
+    twins, a JSON copy. `args.only` is a list of row names, empty for all."""
     parser.add_argument("--steps", type=int, default=50, help="timed calls per row and column (default 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls before them (default 5)")
-    parser.add_argument("--only", default="", help="comma-separated subset of rows to run")
+    parser.add_argument("--only", default="", type=functools.partial(_row_names, rows), metavar="ROWS",
+                        help=f"comma-separated subset of rows to run, of: {', '.join(map(repr, rows))}; with "
+                             f"--passes, a vgc row's twin is '<row>{PASSES}' (default: all)")
     parser.add_argument("--passes", action="store_true",
                         help="add a '+ passes' twin of each vgc row, with every built-in graph pass on")
     parser.add_argument("--json", help="also write the results here")

@@ -1,10 +1,11 @@
-"""`vgc cache ls | show | verify | prune | why-miss | pack | unpack`: the cache seen from the shell.
+"""`vgc cache ls | show | verify | prune | why-miss | pack | unpack`: the cache seen from the shell (their
+arguments are declared in `vgc/cli.py`).
 
 Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad path or a bad bundle;
 `why-miss`: the compile would miss; `unpack`: the bundle was refused), 2 for a usage error (argparse's, bad
-`--options` JSON, a hash prefix that names no single entry), when `verify` cannot check the root (missing, not a directory, or its own failure), or when `why-miss`
-cannot tell (a traced source file it cannot find: pass `--sources`). Errors are one line,
-never a traceback.
+`--options` JSON, a hash prefix that names no single entry, a root to read that is missing or not a directory),
+when `verify` cannot check the root (its own failure), or when `why-miss` cannot tell (a traced source file it
+cannot find: pass `--sources`). Errors are one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from vgc import envs
@@ -23,57 +24,6 @@ from vgc.cache.keys import cache_key, compiles, diff_factors, environment_factor
 from vgc.config import CompilationConfig
 
 _LS_WIDTH = 120   # the differences line of `ls` stops adding factors here
-
-
-def _root_option(default: object) -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--root", default=default, help="cache root (default: $VGC_CACHE_ROOT or ~/.cache/vgc)")
-    return parent
-
-
-def add_parser(commands, common: argparse.ArgumentParser) -> None:
-    """Add `cache` to `commands`; `common` holds vgc's global options, accepted after every subcommand too."""
-    # --root belongs to `cache` and to each of its commands, so `cache --root X ls` and `cache ls --root X` agree;
-    # under a command it defaults to SUPPRESS, so that it leaves a --root given before the command alone.
-    cache = commands.add_parser("cache", parents=[common, _root_option(None)],
-                                help="inspect and manage the compile cache")
-    parents = [common, _root_option(argparse.SUPPRESS)]
-    sub = cache.add_subparsers(dest="cache_command", required=True,
-                               metavar="{ls,show,verify,prune,why-miss,pack,unpack}")
-    sub.add_parser("ls", parents=parents,
-                   help="list entries: hash, size, age, torch, config digest, sources, what tells them apart")
-    show = sub.add_parser("show", parents=parents, help="an entry's key factors, pieces and sizes, or a bundle's "
-                                                        "manifest")
-    show.add_argument("hash", help="the entry's hash or a unique prefix of it, or a bundle file")
-    check = sub.add_parser("verify", parents=parents,
-                           help="check everything a start reads (index, artifacts, locks, Inductor's kernels, trust), "
-                                "or every byte of a bundle and its fit to this machine; exit 1 if anything is bad, 2 "
-                                "if the root cannot be checked")
-    check.add_argument("bundle", nargs="?", help="a bundle file to check instead of the root")
-    pack = sub.add_parser("pack", parents=parents, help="write entries and the kernels they load to one file")
-    pack.add_argument("hashes", nargs="*", metavar="HASH", help="entries to pack (hash prefixes; default: all)")
-    pack.add_argument("-o", "--output", required=True, help="the bundle file to write")
-    pack.add_argument("--no-kernels", action="store_true",
-                      help="leave Inductor's kernel cache out (the target then builds kernels from the artifacts "
-                           "at its first start, still without compiling)")
-    unpack = sub.add_parser("unpack", parents=parents, help="check a bundle, then install it under the root")
-    unpack.add_argument("bundle", help="the bundle file")
-    prune = sub.add_parser("prune", parents=parents,
-                           help="remove old entries, then least recently used ones above a size")
-    prune.add_argument("--older-than", help="e.g. 12h, 7d, 2w")
-    prune.add_argument("--max-size", help="e.g. 500M, 2G")
-    prune.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
-    why = sub.add_parser("why-miss", parents=parents, help="name the factors that differ between the cache and now")
-    why.add_argument("--options", help="the CompilationConfig fields as JSON, as passed to vgc (default: {}, or "
-                                       "the stored config of --entry)")
-    why.add_argument("--device", choices=["cpu", "cuda"],
-                     help="device of the environment to compute (default: that of --entry, else cpu)")
-    why.add_argument("--sources", action="append", metavar="DIR",
-                     help="where the model's code lives here, when not at the paths the cache was built from "
-                          "(repeatable): each traced file is looked for by its path's tail, then by its name")
-    why.add_argument("--entry", metavar="HASH",
-                     help="compare with this entry only (a hash prefix), using its stored config unless --options "
-                          "is given (default: the closest entry)")
 
 
 def _age(seconds: float) -> str:
@@ -96,22 +46,33 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _existing(root: Path) -> Path:
+    """`root`, checked for a command that reads it: a mistyped --root must not read as an empty cache (`ls`, `prune`
+    and `why-miss` would report on nothing), so a missing one is a `ValueError` (status 2). `verify` checks its root
+    itself, naming a looping symlink too."""
+    if not root.is_dir():
+        problem = "is not a directory" if root.exists() else "does not exist"
+        raise ValueError(f"cache root {root} {problem}; pass the root the cache was written under (--root) or set "
+                         "VGC_CACHE_ROOT")
+    return root
+
+
 def _run(args: argparse.Namespace) -> int:
     root = Path(args.root).expanduser() if args.root else envs.cache_root()
     command = args.cache_command
     if command == "ls":
-        return _ls(root)
+        return _ls(_existing(root))
     if command == "show":
-        return _show_bundle(Path(args.hash)) if Path(args.hash).is_file() else _show(root, args.hash)
+        return _show_bundle(Path(args.hash)) if Path(args.hash).is_file() else _show(_existing(root), args.hash)
     if command == "verify":
         return _verify_bundle(Path(args.bundle)) if args.bundle else _verify(root)
     if command == "pack":
-        return _pack(root, args.hashes, Path(args.output), not args.no_kernels)
-    if command == "unpack":
+        return _pack(_existing(root), args.hashes, Path(args.output), not args.no_kernels)
+    if command == "unpack":   # creates the root if need be
         return _unpack(Path(args.bundle), root)
     if command == "prune":
-        return _prune(root, args.older_than, args.max_size, args.dry_run)
-    return _why_miss(root, args)
+        return _prune(_existing(root), args.older_than, args.max_size, args.dry_run)
+    return _why_miss(_existing(root), args)
 
 
 def _short(value: Any) -> str:
@@ -142,6 +103,30 @@ def _differences_line(varying: dict[str, Any]) -> str:
     return line + more(len(items) - shown)
 
 
+def _distinct_tails(paths: list[str]) -> list[str]:
+    """Each path cut to its shortest tail (the file name, then its parents') that no other path ends with."""
+    parts = [PurePath(p).relative_to(PurePath(p).anchor).parts for p in paths]
+    depth = [1] * len(parts)
+    while True:
+        tails = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+        grow = [i for i, t in enumerate(tails) if tails.count(t) > 1 and depth[i] < len(parts[i])]
+        if not grow:
+            return tails
+        for i in grow:
+            depth[i] += 1
+
+
+def _source_names(manifest: dict[str, Any]) -> list[str]:
+    """The traced files of an entry as `ls` names them. Two files of one name (`modeling.py` of two packages) would
+    read as one file listed twice: they get as much of their recorded paths as tells them apart, or, in an entry
+    written before paths were kept, their digests."""
+    if manifest.get("source_paths"):
+        return sorted(_distinct_tails(sorted(set(manifest["source_paths"]))))
+    sources = manifest.get("factors", {}).get("sources", [])
+    names = [name for name, _ in sources]
+    return [name if names.count(name) == 1 else f"{name}@{_short(digest)}" for name, digest in sources]
+
+
 def _ls(root: Path) -> int:
     found = inventory.entries(root)
     if not found:
@@ -153,7 +138,7 @@ def _ls(root: Path) -> int:
     for entry in found:
         manifest = entry.manifest() or {}
         factors = manifest.get("factors", {})
-        sources = ", ".join(name for name, _ in factors.get("sources", [])) or "?"
+        sources = ", ".join(_source_names(manifest)) or "?"
         torch_version = factors.get("environment", {}).get("torch_version", "?")
         config = inventory.config_digest(factors["config"]) if "config" in factors else "?"
         print(f"{entry.hash:22s} {_mib(entry.size_bytes()):>10s} {_age(now - entry.last_used()):>5s}  "

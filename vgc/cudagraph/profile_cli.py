@@ -1,5 +1,6 @@
 """`vgc profile show PATH`: a recorded traffic profile's histograms, and the sizes it makes worth capturing for a
-few graph counts, with the padding each set costs against the default sizes."""
+few graph counts, with the padding each set costs against the default sizes. Its arguments are declared in
+`vgc/cli.py`."""
 
 from __future__ import annotations
 
@@ -7,19 +8,6 @@ import argparse
 
 from vgc.config import CompilationConfig
 from vgc.cudagraph.traffic import choose_sizes, expected_padding, load_profile, ProfileError, tail_size
-
-
-def add_parser(commands, common) -> None:
-    profile = commands.add_parser("profile", parents=[common], help="traffic profiles recorded by "
-                                  "vgc.compile(..., record=PATH) or EncoderCudaGraphManager(..., record=PATH)")
-    actions = profile.add_subparsers(dest="action", required=True)
-    show = actions.add_parser("show", parents=[common], help="print a profile's histograms and the sizes chosen "
-                              "from it, with their expected padding")
-    show.add_argument("path", help="the profile's JSON file")
-    show.add_argument("--max-graphs", default="4,8,16", help="graph counts to choose sizes for, comma-separated "
-                      "(default 4,8,16)")
-    show.add_argument("--max-size", type=int, default=None, help="largest size a graph may have (decoder default: "
-                      "max_cudagraph_capture_size, 512; encoder: none)")
 
 
 def run(args: argparse.Namespace) -> int:
