@@ -73,7 +73,7 @@ def test_every_block_runs_here_or_says_why_not():
         if what == "needs":
             assert re.fullmatch(r"[^:]+: \S.*", detail), f"{where}: '# needs <what>: <why>', got {detail!r}"
         elif what == "elsewhere":
-            test = REPO / detail.split("::")[0]
+            test = REPO / detail.split()[0].split("::")[0]
             assert test.is_file() and page.name in test.read_text(), f"{where}: {detail} does not run it"
         elif what == "given":
             names = given(detail)
@@ -94,3 +94,13 @@ def test_block_runs_as_written(page, code, tmp_path):
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_every_environment_variable_vgc_reads_is_in_the_readme_table():
+    readme = (REPO / "README.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    source = "\n".join(path.read_text() for path in (REPO / "vgc").rglob("*.py"))
+    read = set(re.findall(r"[\"'](VGC_[A-Z_]+)[\"']", source))
+    read |= {"VGC_" + name for name in re.findall(r"_(?:lookup|flag)\(\"([A-Z_]+)\"", source)}
+    assert len(read) >= 8, read
+    missing = sorted(name for name in read if f"`{name}" not in readme)
+    assert not missing, f"README's environment table lacks {missing}"

@@ -380,8 +380,10 @@ class VgcBackend:
                 self._told_unsplit = True
                 logger.warning("the graph computes attention in plain ops (softmax of q @ k, x%d), where no "
                                "splitting op can split it, so it compiles as one piece. For a transformers "
-                               "model load it with attn_implementation='sdpa' (vgc splits at SDPA where it reads "
-                               "a KV cache), or use vgc.integrations.transformers; for your own model call "
+                               "model: load it with attn_implementation='sdpa' if its family offers that (vgc "
+                               "splits at SDPA where it reads a KV cache), or try "
+                               "vgc.integrations.transformers.compile(model), which checks the model's attention "
+                               "before serving it and says why when it cannot; for your own model call "
                                "F.scaled_dot_product_attention or a torch.library op and pass it in splitting_ops",
                                written_out)
                 return

@@ -164,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         return profile_cli.run(args)
     import importlib
 
+    import vgc
+
+    vgc._load()   # the public names, and the backend "vgc" for the drop-in rows (a checkout run in place has no
+    #               entry point to find it by)
     return importlib.import_module(f"vgc.bench.{args.name}").main(rest)
 
 
