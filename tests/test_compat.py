@@ -369,3 +369,31 @@ def test_saved_traces_keep_model_state_guards_and_drop_function_defaults():
                entry("L['self'].fn.__closure__[0].cell_contents.__kwdefaults__['x']"),
                entry("L['self'].weight", guard_type="TENSOR_MATCH")]
     assert keep(entries) == [True, True, False, False, False]
+
+
+def test_the_cpu_isa_check_runs_in_a_private_directory_when_the_cache_cannot_be_written(monkeypatch, caplog):
+    """Inductor's check builds and locks test libraries in its cache directory: a read-only or full root fails it
+    (EROFS, ENOSPC). It then runs once more in a temporary directory, and the setting is given back."""
+    import errno
+    import os
+
+    import torch._inductor.cpu_vec_isa as cpu_vec_isa
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/the/root/inductor_cache")
+    seen = []
+
+    def pick():
+        seen.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        if len(seen) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        assert os.path.isdir(seen[-1])
+        return "avx2"
+
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", pick)
+    with caplog.at_level("WARNING", logger="vgc"):
+        assert _compat.cpu_vec_isa() == "avx2"
+    assert seen[0] == "/the/root/inductor_cache" and seen[1] != seen[0] and not os.path.exists(seen[1])
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/the/root/inductor_cache"
+    assert [r.getMessage() for r in caplog.records] == [
+        "Inductor's CPU check cannot write under /the/root/inductor_cache (No space left on device); it runs in a "
+        "temporary directory instead"]

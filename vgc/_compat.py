@@ -15,6 +15,7 @@ import linecache
 import os
 import re
 import sys
+import tempfile
 import types
 from typing import Any, Callable
 
@@ -446,10 +447,31 @@ def torch_build_key() -> str:
 
 
 def cpu_vec_isa() -> str:
-    """The CPU vector ISA Inductor generates C++ for on this machine, e.g. "avx512" (private `cpu_vec_isa`)."""
+    """The CPU vector ISA Inductor generates C++ for on this machine, e.g. "avx512" (private `cpu_vec_isa`).
+
+    Inductor finds it by building and loading test libraries in its cache directory, under a file lock there; a
+    root that is read-only or full fails that. The answer does not depend on where they are built, so the check
+    then runs in a private temporary directory."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    return str(pick_vec_isa())
+    try:
+        return str(pick_vec_isa())
+    except OSError as error:
+        import logging
+
+        logging.getLogger("vgc").warning(
+            "Inductor's CPU check cannot write under %s (%s); it runs in a temporary directory instead",
+            os.environ.get("TORCHINDUCTOR_CACHE_DIR", "Inductor's cache directory"), error.strerror or error)
+        with tempfile.TemporaryDirectory(prefix="vgc-cpu-isa-") as private:
+            saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = private
+            try:
+                return str(pick_vec_isa())
+            finally:
+                if saved is None:
+                    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                else:
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
 
 
 def wrap_cpu_isa_probe(wrap: Callable[[Callable], Callable]) -> bool:

@@ -289,6 +289,27 @@ def test_a_full_or_read_only_disk_degrades_to_running_without_saving(tmp_path, s
         subprocess.run(["umount", str(root)], capture_output=True, timeout=30)
 
 
+def test_a_warm_root_made_read_only_still_starts_and_answers_right(tmp_path):
+    """A root written by a cold start, then mounted read-only (a deployment's image): Inductor's CPU check, which
+    builds and locks a test library under the root's kernel cache, used to crash every start while vgc computed
+    the cache key. Now the check runs in a private directory, and what can load from the root does."""
+    root = tmp_path / "image"
+    if not _mount_tmpfs(root, "64m"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        cold = run_passes([root], tmp_path, "cold")[str(root)]
+        assert cold["error"] is None and cold["max_diff"] < TOL, cold
+        remounted = subprocess.run(["mount", "-o", "remount,ro", str(root)], capture_output=True, timeout=30)
+        if remounted.returncode != 0:
+            pytest.skip("cannot remount the tmpfs read-only here")
+        for name in ("warm-ro", "warm-ro-again"):
+            report = run_passes([root], tmp_path, name)[str(root)]
+            assert report["error"] is None and report["max_diff"] < TOL, report
+            assert report["counters"]["artifacts_loaded"] > 0, report   # the root still serves what it holds
+    finally:
+        subprocess.run(["umount", str(root)], capture_output=True, timeout=30)
+
+
 def test_an_injected_enospc_on_every_cache_write_still_compiles_and_warns_once(tmp_path, monkeypatch, caplog):
     import errno
 
