@@ -292,7 +292,8 @@ def test_a_full_or_read_only_disk_degrades_to_running_without_saving(tmp_path, s
 def test_a_warm_root_made_read_only_still_starts_and_answers_right(tmp_path):
     """A root written by a cold start, then mounted read-only (a deployment's image): Inductor's CPU check, which
     builds and locks a test library under the root's kernel cache, used to crash every start while vgc computed
-    the cache key. Now the check runs in a private directory, and what can load from the root does."""
+    the cache key. Now Inductor's cache moves to a private directory up front, with one warning, and every
+    artifact loads from the root: no compile."""
     root = tmp_path / "image"
     if not _mount_tmpfs(root, "64m"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
@@ -306,6 +307,8 @@ def test_a_warm_root_made_read_only_still_starts_and_answers_right(tmp_path):
             report = run_passes([root], tmp_path, name)[str(root)]
             assert report["error"] is None and report["max_diff"] < TOL, report
             assert report["counters"]["artifacts_loaded"] > 0, report   # the root still serves what it holds
+            assert report["counters"]["inductor_compiles"] == 0, report
+            assert len(report["warnings"]) == 1 and "read-only" in report["warnings"][0], report["warnings"]
     finally:
         subprocess.run(["umount", str(root)], capture_output=True, timeout=30)
 

@@ -78,6 +78,13 @@ def _use_inductor_cache_under(root: Path) -> Path | None:
     if _USER_INDUCTOR_CACHE_DIR is not None:
         return None
     make_private_dirs(root / INDUCTOR_SUBDIR)
+    if not os.access(root / INDUCTOR_SUBDIR, os.W_OK):
+        # a read-only root (a deployment's image): Inductor writes and locks files in its cache even to load an
+        # artifact, so it works in a private directory (one per root and process); vgc's artifacts still load
+        if root not in _kernels_elsewhere:
+            _kernels_elsewhere[root] = recovery.move_kernel_cache_off(root, "it is read-only")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _kernels_elsewhere[root]
+        return None
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / INDUCTOR_SUBDIR)
     return root
 
@@ -93,6 +100,7 @@ def explain_new_entry(root: Path, key: str, factors: dict) -> None:
 
 
 _prepared_roots: set[Path] = set()
+_kernels_elsewhere: dict[Path, str] = {}   # read-only root -> the private directory Inductor's cache moved to
 
 
 def open_root(config: CompilationConfig) -> Path | None:
