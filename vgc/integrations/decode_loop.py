@@ -45,8 +45,6 @@ _SCORES_ONLY = frozenset({"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLo
                           "SuppressTokensLogitsProcessor", "LogitNormalization"})
 # ... that read the token history: called on a fixed-width history (see `_Sampler.reset`)
 _HISTORY = frozenset({"RepetitionPenaltyLogitsProcessor"})
-# ... that read the sequence length on the host: the graph computes the same from a length on the device
-_MIN_LENGTH = frozenset({"MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor"})
 _STOPPING = frozenset({"MaxLengthCriteria", "EosTokenCriteria"})
 # what generate() hands a decoding method besides the cache, when nothing else rides along
 _MODEL_KWARGS = frozenset({"attention_mask", "use_cache", "logits_to_keep", "position_ids", "cache_position",
@@ -238,17 +236,16 @@ class _Sampler:
     def capture(self, pool) -> None:
         """Capture `_step` as a graph; the draws it makes while doing so are given back (a seeded generate()
         draws what eager draws). A step that cannot be captured runs eagerly, with one warning."""
-        rng = _RngState(self.logits.device)
-        try:
-            self._step()   # warm-up: the allocator and each kernel's first launch, outside the capture
-            graph, _ = cuda_runtime.capture(self._step, pool)
-            graph.replay()
-            self.graph = graph
-        except Exception as error:   # noqa: BLE001 - the same steps run without a graph
-            logger.warning("generate()'s sampler step could not be captured as a CUDA graph (%s); it runs "
-                           "eagerly, with the same tokens", capture_failure(error))
-        finally:
-            rng.restore()
+        device = self.logits.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            try:
+                self._step()   # warm-up: the allocator and each kernel's first launch, outside the capture
+                graph, _ = cuda_runtime.capture(self._step, pool)
+                graph.replay()
+                self.graph = graph
+            except Exception as error:   # noqa: BLE001 - the same steps run without a graph
+                logger.warning("generate()'s sampler step could not be captured as a CUDA graph (%s); it runs "
+                               "eagerly, with the same tokens", capture_failure(error))
 
     def reset(self, chosen: _Plan, input_ids: torch.Tensor, lens: torch.Tensor) -> None:
         """Start a generate() of `chosen` (whose key is this sampler's): the prompt's rows, each row's length in
@@ -282,21 +279,6 @@ class _Sampler:
             self.graph.replay()
         else:
             self._step()
-
-
-class _RngState:
-    """The default generator's state of `device`, to give back the draws a capture made."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.state = torch.cuda.get_rng_state(device) if self.cuda else torch.get_rng_state()
-        self.device = device
-
-    def restore(self) -> None:
-        if self.cuda:
-            torch.cuda.set_rng_state(self.state, self.device)
-        else:
-            torch.set_rng_state(self.state)
 
 
 class _FlagReader:
@@ -367,13 +349,13 @@ class DecodeLoop:
         cache = model_kwargs[engine.cache_keyword]
         batch = input_ids.shape[0]
         prefill = engine.run(cache, input_ids, model_kwargs.get("attention_mask"), 1)
-        step = engine.graph_step(batch)
-        logits = engine.compiled.graphs.full_graph_output(step.padded)
+        step, graphs = engine.graph_step(batch), engine.compiled.graphs
+        padded = step.padded
+        logits = graphs.full_graph_output(padded)
         logits[:batch].copy_(prefill[:, -1])   # the sampler reads the decode graph's output: the first token's
         sampler = self._sampler(chosen, step, logits)
         sampler.reset(chosen, input_ids.to(logits.device), cache.lens)
         step.stage(torch.zeros_like(cache.lens), cache.lens, cache.lens + 1)   # the sampler rewrites rows [:batch]
-        graphs, padded = engine.compiled.graphs, step.padded
         sampler.launch()
         launched, pending = 1, collections.deque()
         while launched < chosen.new_tokens:
