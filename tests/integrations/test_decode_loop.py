@@ -15,7 +15,7 @@ import vgc
 transformers = pytest.importorskip("transformers")
 from vgc.integrations import decode_loop  # noqa: E402
 from vgc.integrations import transformers as vgc_transformers  # noqa: E402
-from tests.simulated_graphs import install_simulated_capture  # noqa: E402
+from simulated_graphs import install_simulated_capture  # noqa: E402  (tests/ is on sys.path)
 
 PROMPTS = torch.tensor([[5, 17, 42, 8, 99, 3], [0, 0, 7, 8, 9, 10], [0, 0, 0, 0, 1, 2]])
 MASK = (torch.arange(6)[None] >= torch.tensor([[0], [2], [4]])).long()
