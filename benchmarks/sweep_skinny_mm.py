@@ -1,10 +1,15 @@
-"""Launch shapes for `vgc::skinny_mm`'s kernel, swept on the GPU against cuBLAS (`torch.mm`).
+"""Launch shapes for `vgc::skinny_mm`'s kernels, swept on the GPU against cuBLAS (`torch.mm`).
 
 For Llama-3.2-1B's four projection shapes and several row counts: the device time of each product, as the weights'
-bytes per second, for cuBLAS and for every tile in the grid below, each measured inside a CUDA graph of 32
-back-to-back products over rotating weight copies (so that neither host launches nor L2 hits flatter a kernel).
+bytes per second, for cuBLAS and for every tile in the grid below (the one-row kernel's grid for one row, the
+tensor-core kernel's for more), each measured inside a CUDA graph of 32 back-to-back products over rotating weight
+copies (so that neither host launches nor L2 hits flatter a kernel).
 
-    PYTHONPATH=. python benchmarks/sweep_skinny_mm.py [--json out.json]
+Then the chain a decode step runs: 16 layers of qkv -> o -> gate/up -> down, each product reading the one before,
+captured in one graph: cuBLAS, vgc's kernels with ordinary launches, and vgc's kernels as programmatic dependent
+launches (PDL), against the time to copy the same weights once.
+
+    PYTHONPATH=. python benchmarks/sweep_skinny_mm.py [--json out.json] [--rows 1,8]
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ import json
 import torch
 
 from vgc.bench.timing import copy_bandwidth_gbs
+from vgc.ops import triton_skinny_mm
 from vgc.ops.triton_skinny_mm import Tile, choose_tile, skinny_mm_into
 
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}   # (N, K)
-ROWS = [1, 8, 32, 64, 128]
+DOT_GRID = [(bn, bk, w, st) for bn, bk, (w, st) in itertools.product(
+    (16, 32, 64), (128, 256, 512), ((4, 3), (4, 5), (8, 4)))]
+GEMV_GRID = [(bn, bk, w, 1) for bn, bk, w in itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048), (2, 4, 8))
+             if bn * bk // (32 * w) <= 128]   # fp32 accumulator elements per thread
 
 
 def graph_us(fn, copies: int, calls: int = 32, reps: int = 10) -> float:
@@ -47,16 +56,17 @@ def graph_us(fn, copies: int, calls: int = 32, reps: int = 10) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
+    parser.add_argument("--rows", default="1,8,32,64,128", help="row counts of `a` (default: %(default)s)")
     args = parser.parse_args()
-    print(f"copy bandwidth: {copy_bandwidth_gbs():.0f} GB/s")
-    grid = [(bn, bk, w, st) for bn, bk, (w, st) in itertools.product(
-        (16, 32, 64), (128, 256, 512), ((4, 3), (4, 5), (8, 4)))]
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"copy bandwidth: {copy_gbs:.0f} GB/s")
     results = []
+    best_gemv = {}
     for name, (n, k) in SHAPES.items():
         nbytes = n * k * 2
         copies = max(2, -(-(200 << 20) // nbytes))   # > 200 MiB of weights per cycle: beyond the L2
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        for m in ROWS:
+        for m in [int(r) for r in args.rows.split(",")]:
             a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             cublas = graph_us(lambda i: torch.mm(a, weights[i].t(), out=out), copies)
@@ -64,8 +74,9 @@ def main() -> None:
             row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": cublas, "cublas_gbs": nbytes / cublas / 1e3}
             if m <= 64:
                 tiles = []
+                grid = GEMV_GRID if m == 1 else DOT_GRID
                 for bn, bk, w, st in grid:
-                    tile = Tile(max(16, 1 << (m - 1).bit_length()), bn, bk, w, st)
+                    tile = Tile(1 if m == 1 else max(16, 1 << (m - 1).bit_length()), bn, bk, w, st)
                     try:
                         skinny_mm_into(out, a, weights[0].t(), tile)
                         torch.cuda.synchronize()
@@ -79,6 +90,8 @@ def main() -> None:
                         continue
                     tiles.append((us, tile))
                 tiles.sort(key=lambda t: t[0])
+                if m == 1:
+                    best_gemv[(n, k)] = tiles[0][1]
                 default = choose_tile(m, n, k)
                 default_us = graph_us(lambda i: skinny_mm_into(out, a, weights[i].t()), copies)
                 row.update(best_us=tiles[0][0], best_gbs=nbytes / tiles[0][0] / 1e3, best=tiles[0][1].__dict__,
@@ -91,9 +104,45 @@ def main() -> None:
                          f" | default {row['default_us']:7.2f} us {row['default_gbs']:6.0f} GB/s")
             print(line, flush=True)
         weights.clear()
+    triton_skinny_mm._GEMV_TILES.update(best_gemv)   # the chain runs the winners
+    chain = chain_us()
+    chain["floor_us"] = sum(n * k * 2 for n, k in SHAPES.values()) * 16 / copy_gbs / 1e3
+    print("decode chain, 16 layers x 4 products, one row: " + ", ".join(f"{k} {v:.1f} us" for k, v in chain.items()))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"copy_gbs": copy_gbs, "products": results, "chain_us": chain,
+                       "gemv_tiles": [[n, k, t.__dict__] for (n, k), t in best_gemv.items()]}, f, indent=1)
+
+
+def chain_us(layers: int = 16) -> dict[str, float]:
+    """Device µs of one decode step's products (one row), each reading the previous one's output, in one graph."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = [[torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k ** -0.5
+                for n, k in SHAPES.values()] for _ in range(layers)]
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+
+    def step(mm):
+        h = x
+        for qkv, o, gate_up, down in weights:
+            h = mm(mm(h, qkv.t())[:, :2048], o.t())
+            h = mm(mm(h, gate_up.t())[:, :8192], down.t())
+        return h
+
+    def ours(pdl):
+        def mm(a, b):
+            out = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=a.dtype)
+            skinny_mm_into(out, a.contiguous(), b, pdl=pdl)
+            return out
+        return mm
+
+    reference = step(torch.mm).float()
+    times = {}
+    for name, mm in (("cublas", torch.mm), ("vgc", ours(False)), ("vgc pdl", ours(True))):
+        got = step(mm).float()
+        error = ((got - reference).norm() / reference.norm()).item()
+        print(f"  chain {name}: relative error against cuBLAS {error:.2e}")
+        times[name] = graph_us(lambda i: step(mm), 1, calls=4)
+    return times
 
 
 if __name__ == "__main__":

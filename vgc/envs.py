@@ -87,6 +87,12 @@ def skinny_mm_on_cpu() -> bool:
     return _flag("SKINNY_MM_ON_CPU")
 
 
+def pdl() -> bool:
+    """VGC_PDL (default 1): vgc's own matmul kernels launch as programmatic dependents of the kernel before them on
+    Hopper and later GPUs (their weight reads start while that kernel finishes); 0: ordinary launches."""
+    return _flag("PDL", default=True)
+
+
 def triton_interpret() -> bool:
     """TRITON_INTERPRET=1: Triton kernels run in its CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "").strip() == "1"

@@ -4,8 +4,9 @@ A decode step's `[M, K] @ [K, N]` products, M at most a few dozen, are bound by 
 `skinny_matmuls` graph pass (`vgc.passes.skinny_matmul`, off by default) puts this op in place of such `mm`s in every
 compiled piece, and the op picks per call, from shapes alone (so also at CUDA-graph capture):
 
-- CUDA, bf16/fp16, `b` K-contiguous (a weight's transpose) and `M <= MAX_M`: vgc's Triton kernel
-  (`triton_skinny_mm`), one launch, fp32 accumulation;
+- CUDA, bf16/fp16, `b` K-contiguous (a weight's transpose) and `M <= MAX_M`: vgc's Triton kernels
+  (`triton_skinny_mm`: CUDA-core multiply-adds for one row, tensor cores for more), one launch, fp32 accumulation,
+  launched as a programmatic dependent of the kernel before it on Hopper and later (`VGC_PDL=0`: not);
 - anything else: `torch.mm`, exactly what the graph held before the pass.
 
 Measured on an H200 (`benchmarks/sweep_skinny_mm.py`, docs/benchmarks.md): cuBLAS is as fast on a wide weight
@@ -16,6 +17,8 @@ With `VGC_SKINNY_MM_ON_CPU=1` and `TRITON_INTERPRET=1` the kernel runs on CPU te
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -42,12 +45,23 @@ def uses_kernel(a: torch.Tensor, b: torch.Tensor) -> bool:
             and b.device == a.device)
 
 
+@functools.cache
+def _has_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9   # programmatic dependent launch: sm_90 on
+
+
+def uses_pdl(a: torch.Tensor) -> bool:
+    """Whether the kernel for `a` launches as a programmatic dependent of the kernel before it."""
+    return a.is_cuda and envs.pdl() and _has_pdl(a.device.index if a.device.index is not None
+                                                 else torch.cuda.current_device())
+
+
 @torch.library.custom_op("vgc::skinny_mm", mutates_args=())
 def skinny_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if not uses_kernel(a, b):
         return torch.mm(a, b)
     out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    triton_skinny_mm.skinny_mm_into(out, a, b)
+    triton_skinny_mm.skinny_mm_into(out, a, b, pdl=uses_pdl(a))
     return out
 
 
