@@ -140,3 +140,9 @@ def test_a_global_inductor_custom_pass_enters_the_cache_key():
     assert plain["inductor_custom_passes"] == {}
     assert first["inductor_custom_passes"] == {"post_grad_custom_post_pass": "user-pass-1"}
     assert second["inductor_custom_passes"] == {"post_grad_custom_post_pass": "user-pass-2"}
+
+
+def test_each_graph_mode_says_once_which_graphs_it_means():
+    meaning = {mode: (mode.has_full, mode.has_piecewise) for mode in CUDAGraphMode}
+    assert meaning == {CUDAGraphMode.NONE: (False, False), CUDAGraphMode.PIECEWISE: (False, True),
+                       CUDAGraphMode.FULL: (True, False), CUDAGraphMode.FULL_AND_PIECEWISE: (True, True)}

@@ -36,11 +36,6 @@ from vgc.piecewise.split import (attention_like_ops, check_splitting_ops, eager_
 
 logger = logging.getLogger("vgc")
 
-# Forwards built while this is true let their attention calls share one host read of the lengths per call
-# (`vgc.ops.attention.lengths_read_once`); `vgc bench decode` builds a twin with it off to measure what it buys.
-SHARE_LENGTH_READS = True
-
-
 INFERENCE_ONLY = ("vgc compiles for inference: no gradient flows back through a model compiled with vgc. Call it "
                   "under torch.no_grad() or torch.inference_mode() (or call model.requires_grad_(False)); to train, "
                   "use torch.compile's default backend")
@@ -298,8 +293,7 @@ class VgcBackend:
         """Drop-in FULL graphs: what wraps the split graph's forward in a `DropInGraphs`, or None (no FULL graphs:
         another mode, or no CUDA)."""
         mode = self.config.resolved_cudagraph_mode(device_type)
-        if graph_runtime is None or mode not in (CUDAGraphMode.FULL,
-                                                                    CUDAGraphMode.FULL_AND_PIECEWISE):
+        if graph_runtime is None or not mode.has_full:
             return None
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         state = [is_model_state(node, value) for node, value in zip(placeholders, example_inputs)]
@@ -357,7 +351,8 @@ class VgcBackend:
                     f"; cache {record.cache_dir}" if record.cache_dir else "")
         # The generated forward frees each intermediate after its last use (FX codegen), with no Module call.
         forward = split_gm.forward
-        if SHARE_LENGTH_READS and not any(p.mutated for p in plan.plans if not p.splitting):
+        # Attention calls share one host read of the lengths per call (`vgc.ops.attention.lengths_read_once`)
+        if not any(p.mutated for p in plan.plans if not p.splitting):
             forward = lengths_read_once(forward)
         if around is not None:
             forward = record.full_graphs = around(forward)

@@ -27,6 +27,18 @@ class CUDAGraphMode(enum.Enum):
     FULL = "full"
     FULL_AND_PIECEWISE = "full_and_piecewise"
 
+    # What each mode means, said once: every owner of graphs asks these, never the mode's name.
+    @property
+    def has_full(self) -> bool:
+        """Calls that qualify (uniform decode, a capture size) replay one graph of the whole call."""
+        return self in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+    @property
+    def has_piecewise(self) -> bool:
+        """Compiled pieces replay their own graphs between eager attention calls (under FULL_AND_PIECEWISE: the
+        calls FULL graphs do not serve)."""
+        return self in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+
 
 class DynamicShapesType(enum.Enum):
     BACKED = "backed"

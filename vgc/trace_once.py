@@ -123,7 +123,7 @@ class TraceOnceBackend(VgcBackend):
 
     def _piece_graph_runtime(self, device_type: str):
         runtime = super()._piece_graph_runtime(device_type)
-        return None if self.config.resolved_cudagraph_mode(device_type) == CUDAGraphMode.FULL else runtime
+        return runtime if self.config.resolved_cudagraph_mode(device_type).has_piecewise else None
 
 
 @dataclass

@@ -161,3 +161,47 @@ def test_the_decoder_with_skinny_matmuls_equals_eager_in_every_graph_mode(no_cac
             out = compiled(**llama.make_batch(cfg, n, kind, device="cuda", kv_caches=kv)).clone()
             expected = model(**llama.make_batch(cfg, n, kind, device="cuda", kv_caches=kv))
             torch.testing.assert_close(out.float(), expected.float(), atol=3e-2, rtol=3e-2, msg=f"{kind} {n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8])
+def test_kernels_chained_by_programmatic_dependent_launch_give_the_bits_of_ordinary_launches(rows):
+    """Each product reads the one before it, replayed in one CUDA graph: a kernel that read its input before its
+    predecessor finished would give different bits from the same kernels launched one after another."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a CUDA GPU with programmatic dependent launch (sm_90 or later)")
+    from vgc.ops.triton_skinny_mm import skinny_mm_into
+
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    shapes = [(3072, 2048), (2048, 2048), (8192, 2048), (2048, 8192)] * 4
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k ** -0.5 for n, k in shapes]
+    x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def chain(pdl):
+        h = x
+        for w in weights:
+            if h.shape[1] != w.shape[1]:
+                h = h[:, :w.shape[1]].contiguous() if h.shape[1] > w.shape[1] else h.repeat(1, w.shape[1] // h.shape[1])
+            out = torch.empty(rows, w.shape[0], device="cuda", dtype=torch.bfloat16)
+            skinny_mm_into(out, h, w.t(), pdl=pdl)
+            h = out
+        return h
+
+    expected = chain(False)
+    chain(True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain(True)
+    for _ in range(20):
+        got.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, expected)
+    reference = x.float()
+    for w in weights:
+        if reference.shape[1] != w.shape[1]:
+            reference = (reference[:, :w.shape[1]] if reference.shape[1] > w.shape[1]
+                         else reference.repeat(1, w.shape[1] // reference.shape[1]))
+        reference = (reference.bfloat16().float() @ w.float().t()).bfloat16().float()
+    torch.testing.assert_close(expected.float(), reference, atol=5e-2, rtol=5e-2)

@@ -74,8 +74,8 @@ class GraphDispatcher:
         # (output shapes, batch size) of the traced call, to learn which output dims follow the batch size.
         self.trace_outputs = ([t.shape for t in output_tensors(traced_output)], self.batch_size(traced_arguments))
         self.output_dims: list[tuple[int, ...]] | None = None
-        self.use_full = mode in (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE)
-        self.use_piecewise = mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+        self.use_full = mode.has_full
+        self.use_piecewise = mode.has_piecewise
 
     def restricted(self, sizes: list[int]) -> "GraphDispatcher | None":
         """This dispatcher keeping only `sizes` of its capture sizes (its compile range's), before capture; None

@@ -205,7 +205,7 @@ class DropInGraphs:
     def _without_full_graph(self, why: str, args):
         """Calls FULL graphs do not serve: PIECEWISE graphs for a failed capture or under FULL_AND_PIECEWISE,
         else (FULL) the compiled pieces without graphs."""
-        if why == "capture failed" or self.mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+        if why == "capture failed" or self.mode.has_piecewise:
             return self.forward(*args)
         counters.eager_runs += 1
         with bypass_piece_graphs():
