@@ -2,13 +2,18 @@
 XDG_CACHE_HOME in a fresh process: 0 Inductor calls, outputs equal to the packing process's), and every damaged
 or foreign bundle refused with its reason, installing nothing."""
 
+import copy
 import hashlib
 import io
 import json
+import logging
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -266,8 +271,248 @@ def test_a_full_disk_while_unpacking_is_named_and_installs_nothing(packed, tmp_p
         return write(target, chunk)
 
     monkeypatch.setattr(bundles, "_write_chunk", full_after_two)
-    assert vgc_main(["cache", "--root", str(root), "unpack", str(bundle)]) == 1
+    assert vgc_main(["cache", "--root", str(root), "unpack", str(bundle)]) == 2   # the root's problem: status 2
     out = capsys.readouterr().out
-    assert "cannot be extracted under the root (No space left on device)" in out and "nothing installed" in out
+    assert f"the cache root {root} has no space or no inodes left (No space left on device" in out, out
+    assert "nothing was installed" in out and "damaged" not in out and "cut short" not in out, out
     assert inventory.entries(root) == [] and not list(root.glob(".vgc-*"))
 
+
+
+# ---- hostile manifests, damage behind recomputed hashes, and the root's problems (issue 51) ----
+def _renamed_entry(bundle: Path, new_name: str):
+    """The bundle with its entry (manifest key and member paths) renamed to `new_name`, hashes recomputed."""
+    manifest, members = _members(bundle)
+    (old, entry), = manifest["entries"].items()
+    manifest["entries"] = {new_name: entry}
+    prefix, out = f"{CACHE_SUBDIR}/{old}/", []
+    for member, data in members:
+        if member.name.startswith(prefix):
+            member = copy.copy(member)
+            member.name = f"{CACHE_SUBDIR}/{new_name}/{member.name[len(prefix):]}"
+        out.append((member, data))
+    return manifest, out
+
+
+def _member_index(members, part: str) -> int:
+    return next(i for i, (m, _) in enumerate(members) if part in m.name)
+
+
+def _hostile_cases(bundle: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
+    cases: dict[str, tuple[Path, str]] = {}
+    _, members = _members(bundle)
+    (entry_hash,) = _members(bundle)[0]["entries"]
+    rank = f"{CACHE_SUBDIR}/{entry_hash}/rank_0_0"
+
+    def add(name, manifest, members_, reason, rehash=True):
+        cases[name] = (_write(tmp / f"hostile-{len(cases)}.vgcb", manifest, members_, rehash=rehash), reason)
+
+    deep = (b'{"format": "vgc-cache-bundle", "version": 1, "files": {}, "entries": ' + b"[" * 5000 + b"]" * 5000
+            + b"}")
+    add("manifest nested 5000 deep", deep, members, "its manifest nests 5001 levels deep", rehash=False)
+    m, ms = _members(bundle)
+    nested: dict = {}
+    for _ in range(20):
+        nested = {"x": nested}
+    next(iter(m["entries"].values()))["factors"]["config"]["inductor_compile_config"] = nested
+    add("factors nested 20 deep", m, ms, "levels deep, past the limit")
+    for label, name in (("entry ab/cd", "ab/cd"), ("entry outside the root", str(tmp / "escaped")),
+                        ("entry .", "."), ("entry ..", "..")):
+        add(label, *_renamed_entry(bundle, name), "an entry's name is 20 hex digits")
+    m, ms = _members(bundle)
+    next(iter(m["entries"].values()))["ranks"] = ["../rank_0_0"]
+    add("rank ../rank_0_0", m, ms, "a rank directory is rank_")
+    m, ms = _members(bundle)
+    i = _member_index(ms, "/index.json")
+    dotted = copy.copy(ms[i][0])
+    dotted.name = f"{rank}/./index.json"
+    add("two names for one file", m, ms + [(dotted, ms[i][1])], "not in canonical form")
+    m, ms = _members(bundle)
+    stray = tarfile.TarInfo(f"{CACHE_SUBDIR}/{'f' * 20}/rank_0_0/index.json")
+    add("a file of an unlisted entry", m, ms + [(stray, b"{}")], "not inside a rank directory of an entry")
+    m, ms = _members(bundle)
+    under = tarfile.TarInfo(f"{rank}/index.json/planted")
+    add("a file under a file", m, ms + [(under, b"x")], "is listed as a file and as the directory of")
+    m, ms = _members(bundle)
+    deep_name = tarfile.TarInfo("inductor_cache/" + "/".join(["d"] * 16) + "/k.so")
+    add("a name 17 directories deep", m, ms + [(deep_name, b"x")], "directories deep, more than 16")
+    m, ms = _members(bundle)
+    m["files"] = {n: {"size": True, "sha256": "0" * 64} for n in m["files"]}   # a bool is not a size
+    add("sizes that are not numbers", m, ms, "is not a size and a sha256", rehash=False)
+    # damage inside an entry, with the bundle's own hashes recomputed over it
+    m, ms = _members(bundle)
+    i = _member_index(ms, "/artifacts/")
+    ms[i] = (ms[i][0], _flip(ms[i][1]))
+    add("artifact changed, hashes recomputed", m, ms, "does not match the record's content hash")
+    m, ms = _members(bundle)
+    i = _member_index(ms, "/trace-")
+    ms[i] = (ms[i][0], _flip(ms[i][1]))
+    add("trace changed, hashes recomputed", m, ms, "fails its content hash")
+    m, ms = _members(bundle)
+    add("index left out", m, [(a, d) for a, d in ms if not a.name.endswith("/index.json")],
+        "index.json is missing while 3 artifact files are bundled")
+    m, ms = _members(bundle)
+    i = _member_index(ms, "/index.json")
+    index = json.loads(ms[i][1])
+    first, second = sorted(index)[:2]
+    index[first]["sha256"], index[second]["sha256"] = index[second]["sha256"], index[first]["sha256"]
+    ms[i] = (ms[i][0], json.dumps(index).encode())
+    add("index records swapped", m, ms, "does not match the record's content hash")
+    m, ms = _members(bundle)
+    i = _member_index(ms, "/" + FACTORS_FILE)
+    ms[i] = (ms[i][0], b"[" * 3000 + b"]" * 3000)
+    add("factors file nested 3000 deep", m, ms, 'not a JSON object with a "hash"')
+    return cases
+
+
+def test_hostile_manifests_and_damage_behind_recomputed_hashes_are_refused_without_a_traceback(packed, tmp_path,
+                                                                                                capsys):
+    """Each case names its reason in one line from `unpack`, `verify FILE` and `show FILE` (a RecursionError or
+    an OSError would escape `vgc_main` and fail the test), and nothing is written under the root or outside it."""
+    _, bundle, _ = packed
+    cases = _hostile_cases(bundle, tmp_path)
+    assert len(cases) == 17
+    root = tmp_path / "root"
+    for name, (path, reason) in cases.items():
+        capsys.readouterr()
+        assert vgc_main(["cache", "--root", str(root), "unpack", str(path)]) == 1, name
+        out = capsys.readouterr().out
+        assert reason in out and "nothing installed" in out, (name, out)
+        assert vgc_main(["cache", "verify", str(path)]) == 1, name
+        assert reason in capsys.readouterr().out, name
+        assert vgc_main(["cache", "show", str(path)]) == 1, name
+        assert reason in capsys.readouterr().out, name
+        assert inventory.entries(root) == [] and not list(root.glob(".vgc-*")), name
+    assert not (tmp_path / "escaped").exists() and not (root / "torch_compile_cache" / "ab").exists()
+
+
+def _hold(lock: Path) -> subprocess.Popen:
+    """Another process holding `lock` until its stdin closes."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from filelock import FileLock; "
+                               "lock = FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
+                               "sys.stdin.read()", str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def _release(holder: subprocess.Popen) -> None:
+    holder.stdin.close()
+    holder.wait(timeout=30)
+
+
+def _private_root(path: Path) -> Path:
+    path.mkdir(mode=0o700)
+    (path / "locks").mkdir(mode=0o700)
+    return path
+
+
+def test_unpack_waits_a_bounded_reported_time_for_a_held_entry_lock(packed, tmp_path, monkeypatch, capsys, caplog):
+    _, bundle, _ = packed
+    (entry_hash,) = bundles.check(bundle).entries
+    root = _private_root(tmp_path / "root")
+    lock = root / "locks" / f"entry-{entry_hash}.lock"
+    holder = _hold(lock)
+    try:
+        monkeypatch.setattr(bundles, "LOCK_WAIT_S", 1.0)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="vgc"):
+            assert vgc_main(["cache", "--root", str(root), "unpack", str(bundle)]) == 2
+        assert time.monotonic() - started < 30
+        out = capsys.readouterr().out
+        assert f"{lock} was still held by another process after 1 s" in out and "nothing was installed" in out, out
+        (waiting,) = [r.getMessage() for r in caplog.records if "waiting up to 1 s" in r.getMessage()]
+        assert entry_hash in waiting and str(lock) in waiting
+        assert inventory.entries(root) == [] and not list(root.glob(".vgc-*"))
+    finally:
+        _release(holder)
+    assert vgc_main(["cache", "--root", str(root), "unpack", str(bundle)]) == 0
+
+
+def _unpack_in_child(bundle: str, root: str) -> None:
+    sys.exit(vgc_main(["cache", "--root", root, "unpack", bundle]))
+
+
+def _wait_for(found, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found():
+            return found()
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_a_stopped_or_killed_unpack_leaves_no_staging_copy_and_the_next_one_installs(packed, tmp_path):
+    """SIGTERM ends a waiting unpack through its cleanup; SIGKILL cannot be caught, and the next unpack removes
+    what the killed one left. The children are forked, so they see the vgc sources the bundle was packed from."""
+    _, bundle, _ = packed
+    (entry_hash,) = bundles.check(bundle).entries
+    root = _private_root(tmp_path / "root")
+    holder = _hold(root / "locks" / f"entry-{entry_hash}.lock")   # each child extracts, then waits for this
+    fork = multiprocessing.get_context("fork")
+    try:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            child = fork.Process(target=_unpack_in_child, args=(str(bundle), str(root)))
+            child.start()
+            staging = _wait_for(lambda: list(root.glob(".vgc-unpack-*/torch_compile_cache/*/rank_0_0/index.json")))
+            os.kill(child.pid, sig)
+            child.join(30)
+            assert child.exitcode == (128 + signal.SIGTERM if sig == signal.SIGTERM else -signal.SIGKILL)
+            left = list(root.glob(".vgc-unpack-*"))
+            assert (left == []) == (sig == signal.SIGTERM), (sig, staging, left)
+    finally:
+        _release(holder)
+    assert bundles.unpack(bundle, root) == {entry_hash: "installed"}
+    assert not list(root.glob(".vgc-*"))
+    assert vgc_main(["cache", "--root", str(root), "verify"]) == 0
+
+
+def test_unpack_replaces_an_intact_but_partial_entry_with_the_bundles_complete_one(packed, tmp_path, capsys):
+    """An entry a stopped start left with fewer artifacts verifies clean, but the bundle's holds more: it wins."""
+    _, bundle, _ = packed
+    root = tmp_path / "root"
+    (entry_hash,) = bundles.unpack(bundle, root)
+    (rank,) = inventory.find_entry(root, entry_hash).rank_dirs()
+    index = json.loads((rank / "index.json").read_text())
+    name, record = sorted(index.items())[0]
+    del index[name]
+    (rank / "index.json").write_text(json.dumps(index))
+    (rank / "artifacts" / record["file"]).unlink()
+    capsys.readouterr()
+    assert vgc_main(["cache", "--root", str(root), "verify"]) == 0   # nothing damaged: only less
+    assert bundles.unpack(bundle, root) == {entry_hash: "replaced"}
+    assert name in json.loads((rank / "index.json").read_text()) and (rank / "artifacts" / record["file"]).is_file()
+    assert bundles.unpack(bundle, root) == {entry_hash: "kept"}
+    assert not list(root.glob(".vgc-*"))
+
+
+def _mount(path: Path, options: str) -> bool:
+    path.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},mode=0700", "tmpfs", str(path)],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["read-only", "no inodes left"])
+def test_a_root_that_cannot_take_the_bundle_is_named_not_the_bundle(packed, tmp_path, capsys, kind):
+    _, bundle, _ = packed
+    root = tmp_path / "root"
+    if not _mount(root, "size=64m" + (",nr_inodes=24" if kind == "no inodes left" else "")):
+        pytest.skip("cannot mount a tmpfs here (needs root); the injected-ENOSPC test above still runs")
+    try:
+        if kind == "read-only" and subprocess.run(["mount", "-o", "remount,ro", str(root)],
+                                                  capture_output=True, timeout=30).returncode != 0:
+            pytest.skip("cannot remount the tmpfs read-only here")
+        capsys.readouterr()
+        assert vgc_main(["cache", "--root", str(root), "unpack", str(bundle)]) == 2
+        out = capsys.readouterr().out
+        cause = "cannot be written (Read-only file system" if kind == "read-only" else \
+            "has no space or no inodes left (No space left on device"
+        assert f"the cache root {root} {cause}" in out, out
+        assert "nothing was installed" in out and "not the bundle's" in out and "damaged" not in out, out
+        assert inventory.entries(root) == [] and not list(root.glob(".vgc-*"))
+    finally:
+        subprocess.run(["umount", str(root)], capture_output=True, timeout=30)

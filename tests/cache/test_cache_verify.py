@@ -117,7 +117,15 @@ BAD_FAULTS = {
     "root-writable-by-others": lambda r: _chmod(r, 0o777),
     "entry-writable-by-group": lambda r: _chmod(rank_dir(r).parent, 0o770),
     "inductor-cache-is-a-file": lambda r: _write(_delete_tree(r / recovery.INDUCTOR_SUBDIR), b""),
+    # an FX-graph or AOTAutograd cache entry has no suffix that says "file", but only files go there (issue 51)
+    "fxgraph-entry-is-a-directory": lambda r: _replace_with_dir(_inductor_entry(r, "fxgraph/*/*/*")),
+    "aotautograd-entry-is-a-directory": lambda r: _replace_with_dir(_inductor_entry(r, "aotautograd/*/*")),
+    "index-nested-5000-deep": lambda r: _write(rank_dir(r) / INDEX_FILE, b"[" * 5000 + b"]" * 5000),
 }
+
+
+def _inductor_entry(root: Path, pattern: str) -> Path:
+    return sorted(p for p in (root / recovery.INDUCTOR_SUBDIR).glob(pattern) if p.is_file())[0]
 
 
 @pytest.mark.parametrize("fault", sorted(BAD_FAULTS))
@@ -209,3 +217,20 @@ def test_files_inductor_leaves_empty_on_purpose_are_not_damage(tmp_path, name):
     (kernels / "cut.so").write_bytes(b"")
     assert [(p.name, why) for p, why in recovery.kernel_cache_problems(tmp_path)] == \
         [("cut.so", "empty file (a write that was interrupted)")]
+
+
+def test_a_missing_index_is_named_as_the_index_when_its_artifacts_load(copy, caplog):
+    """Without index.json a start compiles every artifact again; the warning names the index, not an artifact."""
+    import logging
+
+    from vgc import log
+    from vgc.cache.store import ArtifactStore
+
+    index = rank_dir(copy) / INDEX_FILE
+    name = sorted(json.loads(index.read_text()))[0]
+    index.unlink()
+    log._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="vgc"):
+        assert ArtifactStore(rank_dir(copy), "binary").load(name) is None   # a miss: nothing to check it against
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert f"cache index {index} is missing" in warning and "compiled again" in warning, warning

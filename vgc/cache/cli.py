@@ -4,15 +4,19 @@ arguments are declared in `vgc/cli.py`).
 Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad path or a bad bundle;
 `why-miss`: the compile would miss; `unpack`: the bundle was refused), 2 for a usage error (argparse's, bad
 `--options` JSON, a hash prefix that names no single entry, a root to read that is missing or not a directory),
-when `verify` cannot check the root (its own failure), or when `why-miss` cannot tell (a traced source file it
-cannot find: pass `--sources`). Errors are one line, never a traceback.
+when `verify` cannot check the root (its own failure), when `unpack` cannot install under the root (read-only,
+full, untrusted, an entry lock held by another process too long), or when `why-miss` cannot tell (a traced source
+file it cannot find: pass `--sources`). Errors are one line, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
+import threading
 import time
 from pathlib import Path, PurePath
 from typing import Any
@@ -197,15 +201,42 @@ def _print_problems(path: Path, problems: list[str]) -> None:
 
 def _unpack(path: Path, root: Path) -> int:
     try:
-        outcome = bundles.unpack(path, root)
+        with _terminate_as_exit():
+            outcome = bundles.unpack(path, root)
     except bundles.BundleError as error:
         _print_problems(path, error.problems)
         print(f"refused {path}: nothing installed under {root}; a start there compiles as if cold")
         return 1
+    except bundles.RootError as error:
+        print(f"vgc cache unpack: {error.problem}")
+        for entry_hash, what in error.installed.items():
+            print(f"{what:9s} {entry_hash}")
+        print(f"{'only the entries above were' if error.installed else 'nothing was'} installed under {root}: the "
+              f"root's problem, not the bundle's")
+        return 2
     for entry_hash, what in outcome.items():
         print(f"{what:9s} {entry_hash}")
     print(f"unpacked {path} under {root}")
     return 0
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM and SIGHUP (a job stopped, a terminal closed) end `unpack` as Ctrl-C does, through its cleanup (the
+    staging copy in the root removed), instead of ending the process where it stands."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _show_bundle(path: Path) -> int:

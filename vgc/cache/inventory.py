@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from vgc.cache import json_data
 from vgc.cache.keys import diff_factors, flatten_factors
 from vgc.cache.layout import CACHE_SUBDIR, FACTORS_FILE, saved_trace_files_in
 from vgc.cache.store import ArtifactStore
@@ -41,7 +42,7 @@ class Entry:
             path = rank_dir / FACTORS_FILE
             if path.exists():
                 try:
-                    manifest = json.loads(path.read_text())
+                    manifest = json_data.loads(path.read_bytes())
                 except (OSError, ValueError):
                     return None
                 return manifest if isinstance(manifest, dict) else None

@@ -27,6 +27,9 @@ _ELF_MAGIC = b"\x7fELF"
 _EMPTY_OK_SUFFIXES = (".lock", "__init__.py", ".marker", ".done", ".load_ok")   # .load_ok: torch 2.14+ ISA probe
 # Inductor's kernel files: a directory with such a name is damage (nothing of Inductor's is named so).
 _FILE_SUFFIXES = (".py", ".so", ".cpp", ".h", ".json", ".o", ".cubin", ".ptx", ".lock")
+# Where Inductor keeps its cache entries (`fxgraph/<2 chars>/<key>/<file>`, `aotautograd/<key>/<file>`): files
+# only, so a directory there is damage too, whatever its name.
+_FILES_ONLY = {("fxgraph", 3), ("aotautograd", 2)}
 
 
 def file_problem(path: Path, deep: bool = False) -> str | None:
@@ -82,8 +85,11 @@ def kernel_cache_problems(root: Path, deep: bool = False) -> list[tuple[Path, st
             problem = file_problem(path, deep)
             if problem:
                 found.append((path, problem))
-        for name in [d for d in dirnames if d.endswith(_FILE_SUFFIXES)]:
-            found.append((Path(directory, name), "a directory where a kernel file goes"))
+        parts = Path(directory).relative_to(base).parts
+        files_only = bool(parts) and (parts[0], len(parts)) in _FILES_ONLY
+        for name in [d for d in dirnames if (files_only or d.endswith(_FILE_SUFFIXES))
+                     and not os.path.islink(os.path.join(directory, d))]:
+            found.append((Path(directory, name), "a directory where a file of Inductor's cache goes"))
             dirnames.remove(name)
     return found
 

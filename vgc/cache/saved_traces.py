@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from vgc.cache import json_data
 from vgc.cache.entry import entry_key, rank_dir_name, untrusted_entry
 from vgc.cache.keys import module_source_files
 from vgc.cache.layout import atomic_write, CACHE_SUBDIR, FACTORS_FILE, trace_file_name
@@ -155,7 +155,7 @@ def current_sources(rank_dir: Path) -> tuple[list[str], list[str], list[str]] | 
     recorded files of code no module names; for an entry without module names, the recorded paths. A string says
     why they cannot be found."""
     try:
-        manifest = json.loads((rank_dir / FACTORS_FILE).read_text())
+        manifest = json_data.loads((rank_dir / FACTORS_FILE).read_bytes())
         paths, modules = manifest.get("source_paths"), manifest.get("source_modules")
         extra = manifest.get("source_extra_paths", [])
     except (OSError, ValueError, AttributeError):
@@ -200,6 +200,33 @@ def read(path: Path) -> bytes:
     if hashlib.sha256(payload).hexdigest().encode() != digest:
         raise DamagedTrace(f"{path} fails its content hash (cut short or altered)")
     return payload
+
+
+class StreamCheck:
+    """`problem()` of a trace file read in chunks (a bundle's member), without holding it whole."""
+
+    _HEAD = len(MAGIC) + 65   # the header, the hex digest and its newline
+
+    def __init__(self):
+        self._head, self._payload, self._digest = b"", hashlib.sha256(), None
+
+    def update(self, chunk: bytes) -> None:
+        if self._digest is not None:
+            self._payload.update(chunk)
+            return
+        self._head += chunk
+        if len(self._head) >= self._HEAD:
+            self._digest, rest = self._head[:self._HEAD], self._head[self._HEAD:]
+            self._payload.update(rest)
+
+    def problem(self) -> str | None:
+        head = self._digest if self._digest is not None else self._head
+        if not head.startswith(MAGIC):
+            return "does not start with vgc's trace header"
+        if self._digest is None or self._digest[-1:] != b"\n" or \
+                self._payload.hexdigest().encode() != self._digest[len(MAGIC):-1]:
+            return "fails its content hash (cut short or altered)"
+        return None
 
 
 def problem(path: Path) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 from filelock import FileLock
 
 from vgc import _compat
-from vgc.cache import recovery
+from vgc.cache import json_data, recovery
 from vgc.cache.layout import ARTIFACT_DIR, atomic_write, FACTORS_FILE, INDEX_FILE, LOCK_DIR, make_private_dirs
 from vgc.log import warn_once
 
@@ -148,7 +148,7 @@ class ArtifactStore:
         path = self.directory / FACTORS_FILE
         if path.exists() or path.is_symlink():
             try:
-                if factors_problem(json.loads(path.read_text()), factors["hash"]) is None:
+                if factors_problem(json_data.loads(path.read_bytes()), factors["hash"]) is None:
                     return
             except (OSError, ValueError):
                 pass
@@ -166,7 +166,7 @@ class ArtifactStore:
         try:
             if not path.exists():
                 return {}
-            index = json.loads(path.read_text())
+            index = json_data.loads(path.read_bytes(), what=str(path))
         except (OSError, ValueError) as e:
             warn_once(f"index:{path}", "cache index %s is unreadable (%s); its artifacts count as misses", path,
                       _describe(e))
@@ -233,6 +233,11 @@ class ArtifactStore:
         the stored copy was unusable. An unusable copy stays until a good one replaces it (`save`): a load can fail
         for reasons outside the file (a damaged kernel in Inductor's cache), and a good artifact is never lost."""
         record = self.read_index().get(name)
+        if record is None and not os.path.lexists(self.directory / INDEX_FILE) and \
+                os.path.lexists(self.artifact_path(name)):
+            # the artifact is there, but nothing it could be checked against: name the index, not the artifact
+            warn_once(f"index:{self.directory / INDEX_FILE}", "cache index %s is missing, so the artifacts stored "
+                      "beside it cannot be checked; they are compiled again", self.directory / INDEX_FILE)
         if record is None or record.get("format") != self.format:
             return None
         problem = self.verify(name, record)

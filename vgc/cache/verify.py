@@ -3,14 +3,13 @@ and without changing anything."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vgc.cache import recovery, saved_traces
+from vgc.cache import json_data, recovery, saved_traces
 from vgc.cache.inventory import _read_only_store, Entry
 from vgc.cache.layout import (ARTIFACT_DIR, CACHE_SUBDIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR, saved_trace_files_in,
                               untrusted_reason)
@@ -145,7 +144,7 @@ def _check_index(path: Path, report: Verification) -> dict[str, Any] | None:
     if not os.path.lexists(path):
         return {}   # no artifact saved yet: every artifact is a miss anyway
     try:
-        index = json.loads(path.read_text())
+        index = json_data.loads(path.read_bytes(), what=str(path))
     except OSError as e:
         report.bad.append((path, f"unreadable ({_why(e)}); every artifact of this rank is a miss"))
         return None
@@ -169,7 +168,7 @@ def _check_factors(entry: Entry, path: Path, report: Verification) -> None:
     if not os.path.lexists(path):
         return   # the next start of this entry writes it
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json_data.loads(path.read_bytes(), what=str(path))
     except OSError as e:
         report.bad.append((path, f"unreadable ({_why(e)})"))
         return
