@@ -45,6 +45,7 @@ from vgc.integrations import alibi, attention_probe
 from vgc.integrations.decode_loop import DecodeLoop
 from vgc.integrations.breakable_generate import breakable, cache_keyword, refuse_unsupported, set_attention
 from vgc.integrations.vision_towers import encoder_manager, vision_adapter
+from vgc.ops import flat_batch
 
 try:
     from transformers import AttentionInterface
@@ -71,15 +72,9 @@ class _Running:
 
 _RUNNING = _Running()
 
-# How vgc pads a flat batch up to a capture size: padded tokens write no KV (slot -1), padded sequences are empty.
-PAD_VALUES = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "block_table": 0, "seq_lens": 0,
-              "query_start_loc": "edge", "logits_indices": 0}
+# The flat batch, and the rows whose logits the call returns (padded: row 0)
+PAD_VALUES = {**flat_batch.PAD_VALUES, "logits_indices": 0}
 _DYNAMIC = {name: 0 for name in PAD_VALUES}
-
-
-def _is_decode(batch: dict) -> bool:
-    """One new token per sequence, read from shapes alone (no device sync): FULL CUDA graphs serve these."""
-    return batch["input_ids"].shape[0] == batch["seq_lens"].shape[0]
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
@@ -266,11 +261,11 @@ class GenerationEngine:
                           for kv_heads, head_dim in probe.layer_shapes(PATH, model)]
         self.compiled: CompiledModel = vgc_compile(
             flat, config=_config(config, device, max_batch_size),
-            dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=_is_decode)
+            dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=flat_batch.is_uniform_decode)
         self._active: weakref.ref | None = None
         self.undo = None   # set by compile(): restores the model when warm-up finds it cannot be served
         self._steps: dict[int, _DecodeStep] = {}   # batch size -> its decode graph's in-place inputs
-        self._staged: _DecodeStep | None = None    # whose constant inputs the graph buffers hold now
+        self.staged: _DecodeStep | None = None    # whose constant inputs the graph buffers hold now
         # The keyword generate() passes the cache under: `past_key_values` in transformers 5.17, `cache` later.
         self.cache_keyword = cache_keyword(model.forward)
         self.loop = DecodeLoop(self, lambda cache: isinstance(cache, VgcCache) and cache.engine is self and
@@ -374,7 +369,7 @@ class GenerationEngine:
         if step is not None:
             logits = step.run(ids, positions, lens)
         else:
-            self._staged = None
+            self.staged = None
             logits = self.compiled(**self._decode_inputs(ids, positions, lens))
         cache.lens = lens   # only once the step ran: a refused call leaves the cache as it was
         return logits[:batch].unsqueeze(1)
@@ -403,7 +398,7 @@ class GenerationEngine:
     def _prefill(self, cache: VgcCache, input_ids: torch.Tensor, new: torch.Tensor | None,
                  keep_all: bool) -> torch.Tensor:
         """The real tokens of each row (mask 1), appended to the row; one host sync (the token count)."""
-        self._staged = None   # the compiled model pads this call into the buffers the decode graphs read
+        self.staged = None   # the compiled model pads this call into the buffers the decode graphs read
         batch, columns = input_ids.shape
         real = torch.ones_like(input_ids, dtype=torch.bool) if new is None else new.bool()
         positions = cache.lens[:, None] + real.cumsum(1) - 1
@@ -449,7 +444,7 @@ class _DecodeStep:
         if self.id_check is not None:
             self.id_check({"input_ids": ids})
         engine = self.engine
-        if engine._staged is not self:
+        if engine.staged is not self:
             self.stage(ids, positions, lens)
         else:
             _compat.copy_many(self.moving, [ids, positions, lens])
@@ -461,7 +456,7 @@ class _DecodeStep:
         inputs = self.engine._decode_inputs(ids, positions, lens)
         pad_many([(buffer, inputs[name], _DYNAMIC[name], PAD_VALUES[name])
                   for name, buffer in self.buffers.items()], self.padded - self.batch)
-        self.engine._staged = self
+        self.engine.staged = self
 
 
 def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: int | None = None,

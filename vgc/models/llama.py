@@ -26,6 +26,7 @@ from torch import nn
 
 from vgc import ops as _ops  # noqa: F401  (registers torch.ops.vgc.attention)
 from vgc.ops.collectives import register_group
+from vgc.ops.flat_batch import PAD_VALUES, is_uniform_decode, uniform_decode_of
 
 __all__ = ["LlamaConfig", "Llama", "tiny_config", "llama_1b_config", "llama_8b_config",
            "make_kv_caches", "make_batch", "PAD_VALUES", "is_uniform_decode", "uniform_decode_of"]
@@ -301,25 +302,6 @@ def make_kv_caches(cfg: LlamaConfig, device="cpu") -> list[torch.Tensor]:
     shape = (2, cfg.num_blocks, cfg.block_size, cfg.local_kv_heads, cfg.head_dim)
     return [torch.zeros(shape, dtype=cfg.dtype, device=device)
             for _ in range(cfg.num_layers)]
-
-
-# How vgc pads this model's inputs up to a CUDA-graph capture size: padded tokens write no KV (slot -1) and
-# padded sequences are empty (length 0, cumulative offsets repeated).
-PAD_VALUES = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "block_table": 0, "seq_lens": 0,
-              "query_start_loc": "edge"}
-
-
-def is_uniform_decode(batch: dict) -> bool:
-    """One new token per sequence, read from shapes alone (no device sync): FULL CUDA graphs serve these."""
-    return batch["input_ids"].shape[0] == batch["seq_lens"].shape[0]
-
-
-def uniform_decode_of(query_len: int):
-    """`is_uniform_decode` for `query_len` tokens per sequence (speculative decoding: 1 + k), from shapes alone.
-    The batches the caller makes must keep that promise: a prefill of `query_len` tokens per sequence passes too."""
-    def is_uniform(batch: dict) -> bool:
-        return batch["input_ids"].shape[0] == query_len * batch["seq_lens"].shape[0]
-    return is_uniform
 
 
 def make_batch(cfg: LlamaConfig, num_tokens: int, kind: str = "prefill",
