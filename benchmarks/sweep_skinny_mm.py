@@ -1,15 +1,15 @@
-"""Launch shapes for `vgc::skinny_mm`'s kernels, swept on the GPU against cuBLAS (`torch.mm`).
+"""Launch shapes for `vgc::skinny_mm`'s kernel, swept on the GPU against cuBLAS (`torch.mm`).
 
-For Llama-3.2-1B's four projection shapes and several row counts: the device time of each product, as the weights'
-bytes per second, for cuBLAS and for every tile in the grid below (the one-row kernel's grid for one row, the
-tensor-core kernel's for more), each measured inside a CUDA graph of 32 back-to-back products over rotating weight
-copies (so that neither host launches nor L2 hits flatter a kernel).
+For Llama-3.2-1B's four projection shapes and each row count the kernel takes: the device time of each product, as
+the weights' bytes per second, for cuBLAS and for every tile in the grid below, each measured inside a CUDA graph of
+32 back-to-back products over rotating weight copies (so that neither host launches nor L2 hits flatter a kernel).
+It prints the winners as `GEMV_TILES` (vgc/ops/triton_skinny_mm.py) takes them.
 
 Then the chain a decode step runs: 16 layers of qkv -> o -> gate/up -> down, each product reading the one before,
 captured in one graph: cuBLAS, vgc's kernels with ordinary launches, and vgc's kernels as programmatic dependent
 launches (PDL), against the time to copy the same weights once.
 
-    PYTHONPATH=. python benchmarks/sweep_skinny_mm.py [--json out.json] [--rows 1,8]
+    PYTHONPATH=. python benchmarks/sweep_skinny_mm.py [--json out.json] [--rows 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -22,13 +22,15 @@ import torch
 
 from vgc.bench.timing import copy_bandwidth_gbs
 from vgc.ops import triton_skinny_mm
-from vgc.ops.triton_skinny_mm import Tile, choose_tile, skinny_mm_into
+from vgc.ops.triton_skinny_mm import GEMV_MAX_M, Tile, choose_tile, skinny_mm_into
 
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}   # (N, K)
-DOT_GRID = [(bn, bk, w, st) for bn, bk, (w, st) in itertools.product(
-    (16, 32, 64), (128, 256, 512), ((4, 3), (4, 5), (8, 4)))]
-GEMV_GRID = [(bn, bk, w, 1) for bn, bk, w in itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048), (2, 4, 8))
-             if bn * bk // (32 * w) <= 128]   # fp32 accumulator elements per thread
+
+
+def gemv_grid(block_m: int) -> list[tuple[int, int, int, int]]:
+    widths = (1, 2, 4, 8, 16) if block_m == 1 else (1, 2, 4)
+    return [(bn, bk, w, 1) for bn, bk, w in itertools.product(widths, (128, 256, 512, 1024, 2048), (2, 4, 8))
+            if block_m * bn * bk // (32 * w) <= 128]   # fp32 accumulator elements per thread
 
 
 def graph_us(fn, copies: int, calls: int = 32, reps: int = 10) -> float:
@@ -56,7 +58,8 @@ def graph_us(fn, copies: int, calls: int = 32, reps: int = 10) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
-    parser.add_argument("--rows", default="1,8,32,64,128", help="row counts of `a` (default: %(default)s)")
+    parser.add_argument("--rows", default="1,2,4,8",
+                        help="row counts of `a`, at most GEMV_MAX_M (default: %(default)s)")
     args = parser.parse_args()
     copy_gbs = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy_gbs:.0f} GB/s")
@@ -72,11 +75,10 @@ def main() -> None:
             cublas = graph_us(lambda i: torch.mm(a, weights[i].t(), out=out), copies)
             ref = (a.float() @ weights[0].float().t())
             row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": cublas, "cublas_gbs": nbytes / cublas / 1e3}
-            if m <= 64:
+            if m <= GEMV_MAX_M:
                 tiles = []
-                grid = GEMV_GRID if m == 1 else DOT_GRID
-                for bn, bk, w, st in grid:
-                    tile = Tile(1 if m == 1 else max(16, 1 << (m - 1).bit_length()), bn, bk, w, st)
+                block_m = 1 << (m - 1).bit_length()
+                for tile in [Tile(block_m, *t) for t in gemv_grid(block_m)]:
                     try:
                         skinny_mm_into(out, a, weights[0].t(), tile)
                         torch.cuda.synchronize()
@@ -85,13 +87,12 @@ def main() -> None:
                             print(f"  {name} m={m} {tile}: wrong (rel err {err:.3g})")
                             continue
                         us = graph_us(lambda i: skinny_mm_into(out, a, weights[i].t(), tile), copies)
-                    except Exception as e:   # noqa: BLE001 - a tile that does not fit (shared memory)
+                    except Exception as e:   # noqa: BLE001 - a tile that does not fit (registers, shared memory)
                         print(f"  {name} m={m} {tile}: {type(e).__name__}")
                         continue
                     tiles.append((us, tile))
                 tiles.sort(key=lambda t: t[0])
-                if m == 1:
-                    best_gemv[(n, k)] = tiles[0][1]
+                best_gemv[(block_m, n, k)] = tiles[0][1]
                 default = choose_tile(m, n, k)
                 default_us = graph_us(lambda i: skinny_mm_into(out, a, weights[i].t()), copies)
                 row.update(best_us=tiles[0][0], best_gbs=nbytes / tiles[0][0] / 1e3, best=tiles[0][1].__dict__,
@@ -104,14 +105,16 @@ def main() -> None:
                          f" | default {row['default_us']:7.2f} us {row['default_gbs']:6.0f} GB/s")
             print(line, flush=True)
         weights.clear()
-    triton_skinny_mm._GEMV_TILES.update(best_gemv)   # the chain runs the winners
+    triton_skinny_mm.GEMV_TILES.update(best_gemv)   # the chain runs the winners
+    print("GEMV_TILES = {" + "".join(f"\n    {key}: Tile{tuple(t.__dict__.values())}," for key, t in best_gemv.items())
+          + "\n}")
     chain = chain_us()
     chain["floor_us"] = sum(n * k * 2 for n, k in SHAPES.values()) * 16 / copy_gbs / 1e3
     print("decode chain, 16 layers x 4 products, one row: " + ", ".join(f"{k} {v:.1f} us" for k, v in chain.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_gbs": copy_gbs, "products": results, "chain_us": chain,
-                       "gemv_tiles": [[n, k, t.__dict__] for (n, k), t in best_gemv.items()]}, f, indent=1)
+                       "gemv_tiles": [[list(key), t.__dict__] for key, t in best_gemv.items()]}, f, indent=1)
 
 
 def chain_us(layers: int = 16) -> dict[str, float]:

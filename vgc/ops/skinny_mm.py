@@ -1,17 +1,17 @@
 """`vgc::skinny_mm(a, b)`: `a @ b` that reads `b` once when `a` has few rows (a decode step's matmuls).
 
-A decode step's `[M, K] @ [K, N]` products, M at most a few dozen, are bound by the bytes of the weights. The
-`skinny_matmuls` graph pass (`vgc.passes.skinny_matmul`, off by default) puts this op in place of such `mm`s in every
+A decode step's `[M, K] @ [K, N]` products, M a few rows, are bound by the bytes of the weights. The
+`skinny_matmuls` graph pass (`vgc.passes.skinny_matmul`, on by default) puts this op in place of such `mm`s in every
 compiled piece, and the op picks per call, from shapes alone (so also at CUDA-graph capture):
 
-- CUDA, bf16/fp16, `b` K-contiguous (a weight's transpose) and `M <= MAX_M`: vgc's Triton kernels
-  (`triton_skinny_mm`: CUDA-core multiply-adds for one row, tensor cores for more), one launch, fp32 accumulation,
-  launched as a programmatic dependent of the kernel before it on Hopper and later (`VGC_PDL=0`: not);
+- CUDA, bf16/fp16, `b` K-contiguous (a weight's transpose) and `M <= MAX_M`: vgc's Triton kernel
+  (`triton_skinny_mm`: CUDA-core multiply-adds), one launch, fp32 accumulation, launched as a programmatic
+  dependent of the kernel before it on Hopper and later (`VGC_PDL=0`: not);
 - anything else: `torch.mm`, exactly what the graph held before the pass.
 
-Measured on an H200 (`benchmarks/sweep_skinny_mm.py`, docs/benchmarks.md): cuBLAS is as fast on a wide weight
-(gate/up: 3.74 TB/s against the kernel's best 3.78) and faster where it splits K (down: 2.6 against 2.0), so the
-pass stays off; this op is where a split-K or weight-prefetching variant would go.
+Measured on an H200 (`benchmarks/sweep_skinny_mm.py`, benchmarks/results/issue47-2026-12-06/): at one row the kernel
+beats cuBLAS on each of Llama-1B's projections (down: 10.4 against 13.4 µs; o: 4.2 against 6.1), and the tensor-core
+variant loses to cuBLAS from 2 rows on (down: 17.6 against 13.4 µs), so more than `MAX_M` rows go to cuBLAS.
 
 With `VGC_SKINNY_MM_ON_CPU=1` and `TRITON_INTERPRET=1` the kernel runs on CPU tensors (tests).
 """
@@ -27,8 +27,8 @@ from vgc.ops import triton_skinny_mm
 
 __all__ = ["skinny_mm", "DTYPES", "MAX_M", "uses_kernel"]
 
-# The most rows the kernel takes: it holds every row of `a` in one tile (the sweep measured it up to 64 rows).
-MAX_M = 64
+# The most rows the op sends to vgc's kernel: its CUDA-core kernel holds every row of `a` in one tile.
+MAX_M = triton_skinny_mm.GEMV_MAX_M
 DTYPES = (torch.bfloat16, torch.float16)   # what the kernel multiplies (fp32 accumulation)
 
 

@@ -27,6 +27,6 @@ class BuiltinPass:
 BUILTIN_PASSES = {
     "eliminate_noops": BuiltinPass(eliminate_noops, default=False, stage="post_grad"),
     "fuse_sibling_matmuls": BuiltinPass(fuse_sibling_linears, default=True, stage="split"),
-    "skinny_matmuls": BuiltinPass(skinny_matmul.use_skinny_matmuls, default=False, stage="post_grad",
+    "skinny_matmuls": BuiltinPass(skinny_matmul.use_skinny_matmuls, default=True, stage="post_grad",
                                   options=skinny_matmul.options),
 }
