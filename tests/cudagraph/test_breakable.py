@@ -414,7 +414,7 @@ def test_break_arguments_rebuild_as_pytree_would():
     import collections
 
     from vgc import _compat
-    from vgc.cudagraph.breakable_capture import _builder
+    from vgc.cudagraph.segments import _builder
 
     point = collections.namedtuple("Point", "x y")
     t = torch.ones(2)
