@@ -104,3 +104,41 @@ def test_every_environment_variable_vgc_reads_is_in_the_readme_table():
     assert len(read) >= 8, read
     missing = sorted(name for name in read if f"`{name}" not in readme)
     assert not missing, f"README's environment table lacks {missing}"
+
+
+def _numbers_commands() -> list[str]:
+    """The commands in the last column of docs/numbers.md's tables (each row's `command` cell)."""
+    commands = []
+    for line in (REPO / "docs" / "numbers.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or set(cells[-1]) <= set("-: ") or cells[-1] == "command":
+            continue
+        commands += re.findall(r"`([^`]+)`", cells[-1])
+    return commands
+
+
+def test_every_command_on_the_current_numbers_page_exists():
+    """Each `vgc ...` command the page shows parses with the CLI as it is now (a renamed row, flag or benchmark
+    fails here), and each script or tool it runs is in the tree."""
+    import importlib
+    import shlex
+
+    from vgc import cli
+
+    commands = _numbers_commands()
+    assert len(commands) >= 5, commands
+    for command in commands:
+        words = shlex.split(command)
+        if words[0] == "vgc" and words[1] == "bench":
+            parser = importlib.import_module(f"vgc.bench.{words[2]}").build_parser()
+            parser.exit_on_error = False
+            try:
+                parser.parse_args(words[3:])
+            except (SystemExit, Exception) as error:   # noqa: BLE001 - argparse exits on a bad choice
+                pytest.fail(f"docs/numbers.md shows `{command}`, which `vgc bench {words[2]}` refuses: {error!r}")
+        elif words[0] == "vgc":
+            cli.build_parser().parse_args(words[1:])
+        elif words[0] in ("bash", "python"):
+            assert (REPO / words[1]).is_file(), f"docs/numbers.md runs {words[1]}, which is not in the tree"
+        else:
+            assert words[0] == "pytest", f"docs/numbers.md shows an unknown kind of command: {command}"
