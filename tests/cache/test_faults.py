@@ -313,6 +313,58 @@ def test_a_warm_root_made_read_only_still_starts_and_answers_right(tmp_path):
         subprocess.run(["umount", str(root)], capture_output=True, timeout=30)
 
 
+def _fill(root: Path, leave: int = 0) -> None:
+    """Fill the file system of `root` to the last byte, then free `leave` bytes (a file written first)."""
+    reserve = root / "reserve"
+    if leave:
+        reserve.write_bytes(b"\0" * leave)
+    subprocess.run(["dd", "if=/dev/zero", f"of={root / 'filler'}", "bs=1M"], capture_output=True, timeout=120)
+    if leave:
+        reserve.unlink()
+
+
+def _empty(root: Path) -> None:
+    for name in ("filler", "reserve"):
+        if (root / name).exists():
+            (root / name).unlink()
+
+
+def _use_every_inode(root: Path) -> None:
+    """Shrink the tmpfs at `root` to the inodes it uses now: no file can be created, though bytes are free."""
+    info = os.statvfs(root)
+    subprocess.run(["mount", "-o", f"remount,nr_inodes={info.f_files - info.f_ffree}", str(root)], check=True,
+                   capture_output=True, timeout=30)
+
+
+def test_a_warm_start_on_a_full_disk_loads_what_is_there_and_warns_once(tmp_path):
+    """Issue 51: a warm root whose disk then filled took every intact artifact for damage ("unusable (load failed:
+    ENOSPC)"), compiled them all again and warned 12 times. A full disk is not damage: every artifact and the
+    saved trace load, nothing compiles, one warning names the root and the cause, and verify finds nothing bad.
+    Three ways full: no byte left (found before anything loads), a few KiB left (found when Inductor's first write
+    fails while loading), no inode left."""
+    root = tmp_path / "disk"
+    if not _mount_tmpfs(root, "64m"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        cold = run_passes([root], tmp_path, "cold")[str(root)]
+        assert cold["error"] is None and cold["max_diff"] < TOL and cold["counters"]["inductor_compiles"] > 0, cold
+        for name, fill in (("no space", _fill), ("no space, again", lambda r: None),
+                           ("8 KiB left", lambda r: (_empty(r), _fill(r, leave=8192))),
+                           ("no inodes", lambda r: (_empty(r), _use_every_inode(r)))):
+            fill(root)
+            report = run_passes([root], tmp_path, name.replace(" ", "-").replace(",", ""))[str(root)]
+            assert report["error"] is None and report["max_diff"] < TOL, (name, report)
+            counters = report["counters"]
+            assert counters["inductor_compiles"] == 0 and counters.get("cache_corrupt", 0) == 0, (name, counters)
+            assert counters["artifacts_loaded"] == cold["counters"]["artifacts_saved"], (name, counters)
+            assert counters["traces_loaded"] == 1 and counters["dynamo_traces"] == 0, (name, counters)
+            assert len(report["warnings"]) == 1, (name, report["warnings"])
+            assert f"cannot write under {root} (No space left on device" in report["warnings"][0], (name, report)
+            assert verify.verify_root(root) == [], name   # nothing was damaged, nothing was taken for damage
+    finally:
+        subprocess.run(["umount", str(root)], capture_output=True, timeout=30)
+
+
 def test_an_injected_enospc_on_every_cache_write_still_compiles_and_warns_once(tmp_path, monkeypatch, caplog):
     import errno
 

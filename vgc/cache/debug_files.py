@@ -19,7 +19,7 @@ _graphs_written: dict[str, int] = {}
 
 
 def write_computation_graph(store, split_gm: fx.GraphModule, pieces) -> str | None:
-    if store.directory is None:
+    if store.directory is None or not store.saving:   # no cache, or a root that takes no writes (warned once)
         return None
     graph_index = _graphs_written.get(str(store.directory), 0)
     _graphs_written[str(store.directory)] = graph_index + 1

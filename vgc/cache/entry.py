@@ -78,12 +78,11 @@ def _use_inductor_cache_under(root: Path) -> Path | None:
     if _USER_INDUCTOR_CACHE_DIR is not None:
         return None
     make_private_dirs(root / INDUCTOR_SUBDIR)
-    if not os.access(root / INDUCTOR_SUBDIR, os.W_OK):
-        # a read-only root (a deployment's image): Inductor writes and locks files in its cache even to load an
-        # artifact, so it works in a private directory (one per root and process); vgc's artifacts still load
-        if root not in _kernels_elsewhere:
-            _kernels_elsewhere[root] = recovery.move_kernel_cache_off(root, "it is read-only")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _kernels_elsewhere[root]
+    # a read-only root (a deployment's image) or a full one: Inductor writes and locks files in its cache even to
+    # load an artifact, so it works in a private directory (one per root and process); vgc's artifacts still load
+    unwritable = "it is read-only" if not os.access(root / INDUCTOR_SUBDIR, os.W_OK) else recovery.full_disk(root)
+    if unwritable is not None or recovery.moved_off(root):
+        recovery.move_kernel_cache_off(root, unwritable or "a write failed earlier")
         return None
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / INDUCTOR_SUBDIR)
     return root
@@ -100,7 +99,6 @@ def explain_new_entry(root: Path, key: str, factors: dict) -> None:
 
 
 _prepared_roots: set[Path] = set()
-_kernels_elsewhere: dict[Path, str] = {}   # read-only root -> the private directory Inductor's cache moved to
 
 
 def open_root(config: CompilationConfig) -> Path | None:
@@ -159,6 +157,13 @@ def open_store(config: CompilationConfig, device_type: str, paths: list[str], mo
         _cache_off(config, f"{untrusted[0]} {untrusted[1]}",
                    _fix(untrusted[1], "remove that entry, or set VGC_CACHE_TRUST=any to load from it anyway"))
         return NoStore()
+    if recovery.moved_off(root):
+        # the root cannot take writes (warned once when Inductor's cache moved off it): what is there loads, as
+        # through `vgc cache`'s read-only view, and nothing is created, repaired or saved
+        if not directory.is_dir():
+            return NoStore()
+        logger.info("using cache directory %s (read only)", directory)
+        return ArtifactStore(directory, fmt, create=False)
     if not directory.exists():
         explain_new_entry(root, key, factors)
     try:

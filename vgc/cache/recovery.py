@@ -11,6 +11,7 @@ business (it keys files by content hash).
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import shutil
@@ -111,16 +112,65 @@ def remove_damaged_kernels(root: Path) -> int:
     return removed
 
 
+_moved_off: dict[Path, str] = {}   # root -> the private directory its Inductor cache moved to, in this process
+
+
 def move_kernel_cache_off(root: Path, why: str) -> str:
     """Point Inductor's kernel cache at a private temporary directory for the rest of the process, after a write
-    under `root` failed (a full disk, a read-only root): compiling goes on, nothing more is saved there."""
-    directory = tempfile.mkdtemp(prefix="vgc-inductor-")
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)   # its kernels are this process's only
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
-    _clear_inductor_memory()
-    logger.warning("cache: cannot write Inductor's kernels under %s (%s); using %s for this process and saving "
-                   "nothing", Path(root) / INDUCTOR_SUBDIR, why, directory)
+    under `root` failed or cannot succeed (a full disk, a read-only root): compiling and loading go on, nothing more
+    is saved there. Once per root and process: one directory, one warning."""
+    root = Path(root)
+    directory = _moved_off.get(root)
+    if directory is None:
+        directory = _moved_off[root] = tempfile.mkdtemp(prefix="vgc-inductor-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)   # its kernels are this process's only
+        _link_kernels(root / INDUCTOR_SUBDIR, Path(directory))
+        logger.warning("cache: cannot write under %s (%s); Inductor's kernels go to %s for this process, and "
+                       "nothing is saved under the root (what is there still loads)", root, why, directory)
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != directory:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+        _clear_inductor_memory()
     return directory
+
+
+def _link_kernels(kernels: Path, private: Path) -> None:
+    """Make the root's kernels visible in the private directory, a symlink per intact file in directories of the
+    same names: Inductor finds the kernels it built before instead of building them again (on the CPU, a C++
+    compile each: a warm start of the tiny decoder took 17-24 s without them, 2 s with them). Inductor writes by
+    renaming a temporary file over its target, so a write replaces the link, never the root's file. Left out: lock
+    files, which Inductor opens for writing, and hidden files, which are its temporary files (one left by a write
+    the full disk refused has the name this process's next write opens)."""
+    for directory, dirnames, filenames in os.walk(kernels, onerror=lambda error: None):
+        dirnames[:] = [d for d in dirnames if d != "locks" and not os.path.islink(os.path.join(directory, d))]
+        target = private / Path(directory).relative_to(kernels)
+        try:
+            target.mkdir(mode=0o700, exist_ok=True)
+            for name in filenames:
+                path = Path(directory, name)
+                if not name.endswith(".lock") and not name.startswith(".") and not path.is_symlink() and \
+                        file_problem(path) is None:
+                    os.symlink(path, target / name)
+        except OSError as error:   # a kernel not linked is built again: time, never correctness
+            logger.debug("cache: cannot link %s's kernels into %s (%s)", kernels, target, error)
+
+
+def moved_off(root: Path) -> bool:
+    """Whether this process moved Inductor's cache off `root` because the root cannot take writes."""
+    return Path(root) in _moved_off
+
+
+def full_disk(path: Path) -> str | None:
+    """Why the file system holding `path` can take no file at all (no free blocks or no free inodes), or None. A
+    disk with a little room left is found when a write fails instead."""
+    try:
+        info = os.statvfs(path)
+    except (OSError, AttributeError):   # AttributeError: no statvfs on this platform
+        return None
+    if info.f_bavail == 0:
+        return f"{os.strerror(errno.ENOSPC)}: its disk is full"
+    if info.f_files > 0 and info.f_favail == 0:   # f_files 0: a file system without an inode count
+        return f"{os.strerror(errno.ENOSPC)}: no inodes left on its disk"
+    return None
 
 
 def _clear_inductor_memory() -> None:

@@ -247,12 +247,31 @@ class ArtifactStore:
             try:
                 artifact = self._load_artifact(path)
             except Exception as e:  # e.g. a different torch build: the file asserts its build key
-                problem = f"load failed: {type(e).__name__}: {e}"
+                unwritable = _unwritable_disk_in(e)
+                if unwritable is None:
+                    problem = f"load failed: {type(e).__name__}: {e}"
+                elif self.kernel_root is not None:
+                    # a full disk is not damage: Inductor's cache moves off it (one warning), and the intact
+                    # artifact loads from there (once more only: kernel_root is None now)
+                    self._move_kernels_off(unwritable)
+                    return self.load(name)
+                else:   # the user's TORCHINDUCTOR_CACHE_DIR cannot be written: the disk's problem, not the file's
+                    self.saving = False
+                    warn_once(f"artifact:{path}", "cache artifact %s could not be loaded: Inductor's cache cannot be "
+                              "written (%s); compiling it in memory", path, unwritable)
+                    return None
             else:
                 logger.debug("loaded %s in %.3f s", path, time.perf_counter() - start)
                 return Fetched(artifact, {"artifacts_loaded": 1})
         warn_once(f"artifact:{path}", "cache artifact %s is unusable (%s); compiling it again", path, problem)
         return Fetched(None, {"cache_corrupt": 1})
+
+    def _move_kernels_off(self, why: str) -> None:
+        """Inductor's cache leaves the root that refused its write (`recovery.move_kernel_cache_off`); vgc saves
+        nothing more there either: the same disk would refuse it."""
+        recovery.move_kernel_cache_off(self.kernel_root, why)
+        self.kernel_root = None
+        self.saving = False
 
     def _load_artifact(self, path: Path) -> Any:
         """Load a checked artifact; once more after removing the kernel files a failed load named (a 0-byte `.so`
@@ -309,7 +328,9 @@ class ArtifactStore:
                 lock.release()
 
     def load_or_compile(self, name: str, compile_fn: Callable[[], Any], meta: dict[str, Any]) -> Fetched:
-        with self._locked(self.artifact_lock(name)):
+        # a store that saves nothing (an unwritable root) takes no lock: nobody writes there, and it could not
+        # create the lock file
+        with self._locked(self.artifact_lock(name)) if self.saving else contextlib.nullcontext():
             loaded = self.load(name)
             if loaded is not None and loaded.artifact is not None:
                 return Fetched(loaded.artifact, {**loaded.counts, "cache_hits": 1})
@@ -330,8 +351,7 @@ class ArtifactStore:
                 raise
             unwritable = _unwritable_disk_in(error)
             if unwritable is not None:
-                recovery.move_kernel_cache_off(self.kernel_root, unwritable)
-                self.saving = False
+                self._move_kernels_off(unwritable)
             elif not recovery.remove_suspects(error, self.kernel_root):
                 if not recovery.raised_reading_a_cache(error):
                     raise
