@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vgc
-from vgc.cudagraph.padding import StaticInputs, pad_into, padded_size, slice_outputs
+from vgc.cudagraph.padding import batch_dims, StaticInputs, pad_into, padded_size, slice_outputs
 from vgc.models import llama
 from conftest import FP32_TOL
 
@@ -175,3 +175,11 @@ def test_dispatcher_without_pad_values_only_serves_exact_sizes(fresh_counters):
     assert calls[-1]["x"].shape == (5,) and fresh_counters.eager_runs == 1   # not padded: un-graphed
     out = dispatcher.run({"x": torch.arange(8.0), "offsets": torch.arange(9)})
     assert out.shape == (8, 1) and fresh_counters.eager_runs == 1            # exact capture size: graphed path
+
+
+def test_one_rule_says_which_output_dims_follow_the_call_size():
+    assert batch_dims([(8, 16), (8,)], 8, [(4, 16), (4,)], 4) == [(0,), (0,)]
+    assert batch_dims([(8, 8)], 8, [(4, 8)], 4) == [(0,)]         # 8 at both sizes is not the batch
+    assert batch_dims([(9, 2)], 8, [(5, 2)], 4) == [()]          # size + 1: never cut to the size
+    assert batch_dims([(8, 3)], 8, [(8, 3)], 8) == [(0,)]         # one size seen twice (the trace's own)
+    assert batch_dims([(8,)], 8, [(4,), (4,)], 4) is None        # the calls disagree on their outputs

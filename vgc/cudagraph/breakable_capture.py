@@ -33,7 +33,7 @@ from vgc.config import CompilationConfig
 from vgc.counters import Counters, counters
 from vgc.cudagraph.breaks import Breaks, DEFAULT_BREAKS
 from vgc.cudagraph.memory import GraphMemory
-from vgc.cudagraph.padding import output_tensors, padded_size, slice_outputs, StaticInputs
+from vgc.cudagraph.padding import batch_dims, output_tensors, padded_size, slice_outputs, StaticInputs
 from vgc.cudagraph.runtime import frozen_gc
 from vgc.cudagraph.segments import BreakableCaptureError, capture_entry, Entry
 from vgc.ops.attention import lengths_read_once
@@ -201,12 +201,11 @@ class BreakableGraphs:
         return out
 
     def _learn_output_dims(self, size: int, out) -> None:
-        """Which output dims follow the call's size: those that differ between two sizes by their difference."""
+        """Which output dims follow the call's size (`padding.batch_dims`), once two sizes have been captured."""
         shapes = [t.shape for t in output_tensors(out)]
         for other, other_shapes in self._eager_shapes.items():
-            if other != size and len(other_shapes) == len(shapes):
-                self._output_dims = [tuple(d for d in range(len(a)) if len(a) == len(b) and a[d] - b[d] == size - other)
-                                     for a, b in zip(shapes, other_shapes)]
+            if other != size:
+                self._output_dims = batch_dims(shapes, size, other_shapes, other) or self._output_dims
                 break
         self._eager_shapes[size] = shapes
 

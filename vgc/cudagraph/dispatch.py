@@ -18,7 +18,7 @@ from vgc.capture.paths import argument_tensors, InputMismatchError, render_path
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.memory import GraphMemory
-from vgc.cudagraph.padding import output_tensors, padded_size, slice_outputs, StaticInputs
+from vgc.cudagraph.padding import batch_dims, output_tensors, padded_size, slice_outputs, StaticInputs
 from vgc.cudagraph.runtime import (bypass_piece_graphs, capture_failure, check_replay, frozen_gc, GraphRuntime,
                                    ReplaySampler)
 
@@ -189,13 +189,7 @@ class GraphDispatcher:
         if self.output_dims is not None:
             return
         trace_shapes, trace_size = self.trace_outputs
-        shapes = [t.shape for t in output_tensors(out)]
-        if len(shapes) != len(trace_shapes):
-            return
-        self.output_dims = [
-            tuple(d for d in range(len(now)) if now[d] == size and (trace_size == size or (
-                d < len(then) and then[d] == trace_size)))
-            for now, then in zip(shapes, trace_shapes)]
+        self.output_dims = batch_dims([t.shape for t in output_tensors(out)], size, trace_shapes, trace_size)
 
     def _pad(self, arguments: dict, padded: int, size: int) -> dict:
         out = dict(arguments)

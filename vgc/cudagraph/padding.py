@@ -75,6 +75,16 @@ def output_tensors(out: Any) -> list[torch.Tensor]:
     return [leaf for leaf in _compat.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
 
 
+def batch_dims(shapes: list, size: int, other_shapes: list, other_size: int) -> list[tuple[int, ...]] | None:
+    """Which dims of each output follow the call's size, from the outputs' shapes at two sizes (or twice at one):
+    those equal to the size at both. None when the two calls returned different numbers of tensors. The one rule
+    of every owner of graphs: `slice_outputs` cuts exactly these dims back to the real size."""
+    if len(shapes) != len(other_shapes):
+        return None
+    return [tuple(d for d in range(len(now)) if now[d] == size and d < len(then) and then[d] == other_size)
+            for now, then in zip(shapes, other_shapes)]
+
+
 def slice_outputs(outputs: Any, size: int, dims=None) -> Any:
     """Undo the padding on outputs, cutting each tensor's padded dims back to `size`.
 
