@@ -310,7 +310,7 @@ class CompilationConfig:
     pass_config: dict[str, bool] = _field(
         "vgc's graph passes, switched by name: 'eliminate_noops' (inside Inductor, per piece), "
         "'fuse_sibling_matmuls' (linears sharing an input become one, over their weights concatenated once) and "
-        "'skinny_matmuls' (on: bf16/fp16 CUDA matmuls of at most 8 rows run vgc's Triton kernel, chained to its "
+        "'skinny_matmuls' (on: bf16/fp16 CUDA matmuls of one row run vgc's Triton GEMV, chained to its "
         "neighbours by programmatic dependent launch on Hopper; 1.23x at batch-1 decode on an H200); "
         "unnamed passes keep their default (see docs/architecture.md#graph-passes-vgcpasses).", _pass_config, in_hash=True, factory=dict)
     inductor_passes: dict[str, Any] = _field(

@@ -10,8 +10,9 @@ compiled piece, and the op picks per call, from shapes alone (so also at CUDA-gr
 - anything else: `torch.mm`, exactly what the graph held before the pass.
 
 Measured on an H200 (`benchmarks/sweep_skinny_mm.py`, benchmarks/results/issue47-2026-12-06/): at one row the kernel
-beats cuBLAS on each of Llama-1B's projections (down: 10.4 against 13.4 µs; o: 4.2 against 6.1), and the tensor-core
-variant loses to cuBLAS from 2 rows on (down: 17.6 against 13.4 µs), so more than `MAX_M` rows go to cuBLAS.
+beats cuBLAS on each of Llama-1B's projections (down: 10.4 against 13.4 µs; o: 4.2 against 6.1). The kernel takes up
+to `triton_skinny_mm.GEMV_MAX_M` rows, but only one row has been measured faster than cuBLAS on a GPU (a tensor-core
+variant lost from 2 rows on), so the op sends more than `MAX_M` rows to cuBLAS until a sweep says otherwise.
 
 With `VGC_SKINNY_MM_ON_CPU=1` and `TRITON_INTERPRET=1` the kernel runs on CPU tensors (tests).
 """
@@ -27,8 +28,8 @@ from vgc.ops import triton_skinny_mm
 
 __all__ = ["skinny_mm", "DTYPES", "MAX_M", "uses_kernel"]
 
-# The most rows the op sends to vgc's kernel: its CUDA-core kernel holds every row of `a` in one tile.
-MAX_M = triton_skinny_mm.GEMV_MAX_M
+# The most rows the op sends to vgc's kernel: what was measured faster than cuBLAS (a batch-1 decode step).
+MAX_M = 1
 DTYPES = (torch.bfloat16, torch.float16)   # what the kernel multiplies (fp32 accumulation)
 
 

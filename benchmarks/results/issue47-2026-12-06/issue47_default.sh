@@ -13,3 +13,5 @@ timeout 200 python -m vgc bench decode --interleave --batches 1,8,64 --json $OUT
 echo "decode rc $?" >> $OUT/decode.txt; grep -v "^  \|Warning\|warn" $OUT/decode.txt | tail -28
 timeout 150 python -m vgc bench generate --batch 1,8 --reps 3 --only "anchor,vgc integration" --json $OUT/generate.json \
     > $OUT/generate.txt 2>&1; echo "generate rc $?" >> $OUT/generate.txt; tail -16 $OUT/generate.txt
+timeout 60 python benchmarks/sweep_skinny_mm.py --rows 8 --json $OUT/sweep8.json > $OUT/sweep8.txt 2>&1
+echo "sweep rc $?" >> $OUT/sweep8.txt; grep -v "OutOfResources" $OUT/sweep8.txt | tail -12
