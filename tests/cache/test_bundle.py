@@ -359,6 +359,10 @@ def _hostile_cases(bundle: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
     ms[i] = (ms[i][0], json.dumps(index).encode())
     add("index records swapped", m, ms, "does not match the record's content hash")
     m, ms = _members(bundle)
+    i = _member_index(ms, ".main.so")
+    ms[i] = (ms[i][0], _flip(ms[i][1], 0.9))
+    add("compiled kernel changed, hashes recomputed", m, ms, "does not match the content hash")
+    m, ms = _members(bundle)
     i = _member_index(ms, "/" + FACTORS_FILE)
     ms[i] = (ms[i][0], b"[" * 3000 + b"]" * 3000)
     add("factors file nested 3000 deep", m, ms, 'not a JSON object with a "hash"')
@@ -371,7 +375,7 @@ def test_hostile_manifests_and_damage_behind_recomputed_hashes_are_refused_witho
     an OSError would escape `vgc_main` and fail the test), and nothing is written under the root or outside it."""
     _, bundle, _ = packed
     cases = _hostile_cases(bundle, tmp_path)
-    assert len(cases) == 17
+    assert len(cases) == 18
     root = tmp_path / "root"
     for name, (path, reason) in cases.items():
         capsys.readouterr()

@@ -12,7 +12,7 @@ import pytest
 
 from vgc.cache import recovery
 from vgc.cache.verify import CannotVerify, verify_root
-from vgc.cache.layout import ARTIFACT_DIR, CACHE_SUBDIR, INDEX_FILE
+from vgc.cache.layout import ARTIFACT_DIR, CACHE_SUBDIR, INDEX_FILE, saved_trace_files_in
 from vgc.cli import main as vgc_main
 
 WORKER = str(Path(__file__).parents[1] / "workers" / "cache_worker.py")
@@ -121,7 +121,17 @@ BAD_FAULTS = {
     "fxgraph-entry-is-a-directory": lambda r: _replace_with_dir(_inductor_entry(r, "fxgraph/*/*/*")),
     "aotautograd-entry-is-a-directory": lambda r: _replace_with_dir(_inductor_entry(r, "aotautograd/*/*")),
     "index-nested-5000-deep": lambda r: _write(rank_dir(r) / INDEX_FILE, b"[" * 5000 + b"]" * 5000),
+    # a saved trace is bound to its entry: a copy in another entry (another config of the model) is caught
+    "trace-copied-into-another-entry": lambda r: _trace_into_another_entry(r),
 }
+
+
+def _trace_into_another_entry(root: Path) -> Path:
+    (trace,) = saved_trace_files_in(rank_dir(root))
+    other = root / CACHE_SUBDIR / ("0" * 20) / "rank_0_0"
+    other.mkdir(parents=True)
+    shutil.copy(trace, other / trace.name)
+    return other / trace.name
 
 
 def _inductor_entry(root: Path, pattern: str) -> Path:

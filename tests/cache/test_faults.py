@@ -263,6 +263,36 @@ def test_a_start_killed_while_compiling_leaves_a_root_the_next_starts_recover(tm
     assert again["counters"]["inductor_compiles"] == 0 and again["warnings"] == [], again
 
 
+@pytest.mark.parametrize("suffix", [".so", ".py"])
+def test_two_kernels_swapped_are_caught_by_their_recorded_hashes(warm_root, tmp_path, suffix):
+    """Issue 51: Inductor names kernel files by their source's hash and loads them unchecked, so two compiled `.so`
+    swapped crashed every start ("requires 2 args", or heap corruption), two generated `.py` swapped too ("too many
+    values to unpack"), and verify passed the root. vgc records each file's content hash when the entry saves: the
+    swapped files are named by verify, removed at the next start (one warning each, counted as damage) and built
+    again by Inductor from the artifacts; the start after that is warm and silent."""
+    from vgc.cache import kernel_hashes
+
+    root = tmp_path / "root"
+    shutil.copytree(warm_root, root, symlinks=True)
+    kernels = root / "inductor_cache"
+    files = sorted(p for p in kernels.rglob(f"*{suffix}")
+                   if p.is_file() and kernel_hashes.tracked(p.relative_to(kernels).as_posix()))
+    first = files[0]
+    second = next(p for p in files[1:] if p.read_bytes() != first.read_bytes())
+    held = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(held)
+    assert {first, second} <= {path for path, _ in verify.verify_root(root)}
+    swapped = run_passes([root], tmp_path, "swapped")[str(root)]
+    assert swapped["error"] is None and swapped["max_diff"] < TOL, swapped
+    assert swapped["counters"]["inductor_compiles"] == 0 and swapped["counters"]["cache_corrupt"] == 2, swapped
+    named = [w for w in swapped["warnings"] if "does not match the content hash" in w]
+    assert len(named) == 2 and len(swapped["warnings"]) == 2, swapped["warnings"]
+    after = run_passes([root], tmp_path, "after")[str(root)]
+    assert after["error"] is None and after["max_diff"] < TOL and after["warnings"] == [], after
+    assert after["counters"]["inductor_compiles"] == 0 and verify.verify_root(root) == []
+
+
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     try:

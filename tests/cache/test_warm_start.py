@@ -349,3 +349,27 @@ def test_which_closures_a_saved_trace_can_serve():
         "around _Decorated.forward" in problem
     captured = torch.ones(2)
     assert "a closure over 'captured', a Tensor" in saved_traces.closure_problem(lambda x: x + captured)
+
+
+def test_a_saved_trace_is_bound_to_its_entry_so_two_entries_traces_swapped_are_caught(tmp_path):
+    """Issue 51: two entries of one model (two configs) hold traces of one name; swapped, each passed the hash of
+    its own bytes, and a start loaded the other config's plan (3 artifacts loaded instead of 9, no warning). The
+    hash covers the entry and rank now: a swapped trace is damage, which a start warns about and traces again."""
+    traces = []
+    for entry, program in (("a" * 20, b"the program of config A"), ("b" * 20, b"the program of config B")):
+        directory = tmp_path / layout.CACHE_SUBDIR / entry / "rank_0_0"
+        directory.mkdir(parents=True)
+        traces.append(saved_traces.save(directory, "0123456789abcdef", program))
+    first, second = traces
+    assert saved_traces.read(first) == b"the program of config A" and saved_traces.problem(second) is None
+    held = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(held)
+    for path in traces:
+        with pytest.raises(saved_traces.DamagedTrace, match="moved here from another entry"):
+            saved_traces.read(path)
+    assert set(traces) <= {path for path, _ in verify.verify_root(tmp_path)}
+    held = first.read_bytes()   # back where each was written, both load again
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(held)
+    assert saved_traces.read(first) == b"the program of config A" and verify.verify_root(tmp_path) == []

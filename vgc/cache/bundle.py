@@ -37,7 +37,7 @@ from typing import Any, Iterable
 from filelock import FileLock, Timeout
 
 from vgc._version import __version__
-from vgc.cache import bundle_manifest, inventory, json_data, recovery, saved_traces, verify
+from vgc.cache import bundle_manifest, inventory, json_data, kernel_hashes, recovery, saved_traces, verify
 from vgc.cache.cpu_isa import MARKER_DIR as ISA_MARKER_DIR
 from vgc.cache.keys import compiles, diff_factors, environment_factors
 from vgc.cache.layout import (ARTIFACT_DIR, atomic_file, CACHE_SUBDIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR,
@@ -203,7 +203,7 @@ def _read_manifest(tar: tarfile.TarFile, problems: list[str]) -> dict[str, Any] 
 def _kept_whole(name: str) -> bool:
     """The members whose text the checks after the scan read (small JSON files of each rank directory)."""
     return name.startswith(CACHE_SUBDIR + "/") and name.count("/") == 3 and \
-        name.endswith(("/" + FACTORS_FILE, "/" + INDEX_FILE))
+        name.endswith(("/" + FACTORS_FILE, "/" + INDEX_FILE, "/" + kernel_hashes.RECORD_FILE))
 
 
 def _is_trace(name: str) -> bool:
@@ -232,7 +232,7 @@ def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], i
                 continue
             seen.add(name)
             h, size, keep = hashlib.sha256(), 0, _kept_whole(name)
-            trace = saved_traces.StreamCheck() if _is_trace(name) else None
+            trace = saved_traces.StreamCheck(*name.split("/")[1:3]) if _is_trace(name) else None
             whole = bytearray()
             source = tar.extractfile(member)
             target = _create(into / name) if into is not None else None
@@ -318,7 +318,23 @@ def _consistency_problems(manifest: dict[str, Any], read_json) -> list[str]:
             elif stored["factors"] != entry["factors"]:
                 problems.append(f"the manifest's factors for entry {entry_hash} disagree with its {FACTORS_FILE}")
             problems += _index_problems(base, manifest["files"], read_json)
+            problems += _kernel_problems(base, manifest["files"], read_json)
     return problems
+
+
+def _kernel_problems(base: str, files: dict[str, Any], read_json) -> list[str]:
+    """A rank directory's kernel hashes against the bundled kernel files (a bundle packed `--no-kernels` has none:
+    the target builds them)."""
+    name = f"{base}/{kernel_hashes.RECORD_FILE}"
+    if name not in files:
+        return []
+    record = read_json(name)
+    if not isinstance(record, dict):
+        return [f"{name} is not a JSON object of kernel hashes"]
+    return [f"{INDUCTOR_SUBDIR}/{relative} does not match the content hash {name} records (swapped with another "
+            "kernel or altered before packing)"
+            for relative, digest in sorted(record.items())
+            if files.get(f"{INDUCTOR_SUBDIR}/{relative}", {"sha256": digest})["sha256"] != digest][:10]
 
 
 def _index_problems(base: str, files: dict[str, Any], read_json) -> list[str]:

@@ -157,13 +157,14 @@ def open_store(config: CompilationConfig, device_type: str, paths: list[str], mo
         _cache_off(config, f"{untrusted[0]} {untrusted[1]}",
                    _fix(untrusted[1], "remove that entry, or set VGC_CACHE_TRUST=any to load from it anyway"))
         return NoStore()
-    if recovery.moved_off(root):
+    private_kernels = recovery.moved_off(root)
+    if private_kernels is not None:
         # the root cannot take writes (warned once when Inductor's cache moved off it): what is there loads, as
         # through `vgc cache`'s read-only view, and nothing is created, repaired or saved
         if not directory.is_dir():
             return NoStore()
         logger.info("using cache directory %s (read only)", directory)
-        return ArtifactStore(directory, fmt, create=False)
+        return ArtifactStore(directory, fmt, create=False, kernels=Path(private_kernels))
     if not directory.exists():
         explain_new_entry(root, key, factors)
     try:

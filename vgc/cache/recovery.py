@@ -154,9 +154,10 @@ def _link_kernels(kernels: Path, private: Path) -> None:
             logger.debug("cache: cannot link %s's kernels into %s (%s)", kernels, target, error)
 
 
-def moved_off(root: Path) -> bool:
-    """Whether this process moved Inductor's cache off `root` because the root cannot take writes."""
-    return Path(root) in _moved_off
+def moved_off(root: Path) -> str | None:
+    """The private directory Inductor's cache uses instead of `root`'s, when this process moved it off because the
+    root cannot take writes; else None."""
+    return _moved_off.get(Path(root))
 
 
 def full_disk(path: Path) -> str | None:

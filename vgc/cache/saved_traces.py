@@ -26,7 +26,19 @@ from vgc.config import CompilationConfig
 
 logger = logging.getLogger("vgc")
 
-MAGIC = b"vgc saved trace 1\n"
+MAGIC = b"vgc saved trace 2\n"
+_UNBOUND = b"vgc saved trace 1\n"   # before traces were bound to their entry: only stale entries hold these
+
+
+def _binding(entry: str, rank: str) -> bytes:
+    """What a trace's content hash covers besides the program: its entry and rank directory. Two entries of one
+    model hold traces of the same name (another config, other sizes); swapped, each would pass a hash of its
+    program alone and load the other config's plan."""
+    return f"{entry}/{rank}\n".encode()
+
+
+def _where(path: Path) -> bytes:
+    return _binding(path.parent.parent.name, path.parent.name)
 
 
 class DamagedTrace(ValueError):
@@ -192,23 +204,26 @@ def _stale_reason(entry: str, config: CompilationConfig, device_type: str,
 
 
 def read(path: Path) -> bytes:
-    """The program bytes of a trace file; `DamagedTrace` when the file is cut short or altered."""
+    """The program bytes of a trace file; `DamagedTrace` when the file is cut short or altered, or was written for
+    another entry or rank (moved or swapped)."""
     data = path.read_bytes()
-    if not data.startswith(MAGIC):
+    bound = data.startswith(MAGIC)
+    if not bound and not data.startswith(_UNBOUND):
         raise DamagedTrace(f"{path} does not start with vgc's trace header")
     digest, _, payload = data[len(MAGIC):].partition(b"\n")
-    if hashlib.sha256(payload).hexdigest().encode() != digest:
-        raise DamagedTrace(f"{path} fails its content hash (cut short or altered)")
+    if hashlib.sha256((_where(path) if bound else b"") + payload).hexdigest().encode() != digest:
+        raise DamagedTrace(f"{path} fails its content hash (cut short, altered, or moved here from another entry)")
     return payload
 
 
 class StreamCheck:
-    """`problem()` of a trace file read in chunks (a bundle's member), without holding it whole."""
+    """`problem()` of a trace file read in chunks (a bundle's member: `torch_compile_cache/<entry>/<rank>/
+    trace-*.bin`), without holding it whole."""
 
     _HEAD = len(MAGIC) + 65   # the header, the hex digest and its newline
 
-    def __init__(self):
-        self._head, self._payload, self._digest = b"", hashlib.sha256(), None
+    def __init__(self, entry: str, rank: str):
+        self._head, self._payload, self._digest = b"", hashlib.sha256(_binding(entry, rank)), None
 
     def update(self, chunk: bytes) -> None:
         if self._digest is not None:
@@ -221,11 +236,11 @@ class StreamCheck:
 
     def problem(self) -> str | None:
         head = self._digest if self._digest is not None else self._head
-        if not head.startswith(MAGIC):
+        if not head.startswith(MAGIC):   # an unbound trace lies only in an older vgc's entry, refused here anyway
             return "does not start with vgc's trace header"
         if self._digest is None or self._digest[-1:] != b"\n" or \
                 self._payload.hexdigest().encode() != self._digest[len(MAGIC):-1]:
-            return "fails its content hash (cut short or altered)"
+            return "fails its content hash (cut short, altered, or moved here from another entry)"
         return None
 
 
@@ -242,5 +257,6 @@ def problem(path: Path) -> str | None:
 
 def save(directory: Path, trace_identity: str, program: bytes) -> Path:
     path = directory / trace_file_name(trace_identity)
-    atomic_write(path, MAGIC + hashlib.sha256(program).hexdigest().encode() + b"\n" + program)
+    digest = hashlib.sha256(_where(path) + program).hexdigest().encode()
+    atomic_write(path, MAGIC + digest + b"\n" + program)
     return path

@@ -5,6 +5,7 @@ Artifacts are executable code (Inductor output is imported and run): only use a 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import hashlib
@@ -20,7 +21,7 @@ from typing import Any, Callable, Protocol
 from filelock import FileLock
 
 from vgc import _compat
-from vgc.cache import json_data, recovery
+from vgc.cache import json_data, kernel_hashes, recovery
 from vgc.cache.layout import ARTIFACT_DIR, atomic_write, FACTORS_FILE, INDEX_FILE, LOCK_DIR, make_private_dirs
 from vgc.log import warn_once
 
@@ -109,12 +110,17 @@ class Store(Protocol):
 class ArtifactStore:
     """Artifacts of one cache entry (`.../torch_compile_cache/<hash>/rank_<r>_<dp>/`)."""
 
-    def __init__(self, directory: Path, fmt: str, kernel_root: Path | None = None, *, create: bool = True):
-        """`create=False`: a view for reading (the `vgc cache` commands), which creates and repairs nothing."""
+    def __init__(self, directory: Path, fmt: str, kernel_root: Path | None = None, *, create: bool = True,
+                 kernels: Path | None = None):
+        """`create=False`: a view for reading (the `vgc cache` commands), which creates and repairs nothing.
+        `kernels`: where Inductor sees the root's kernel files, when not in `kernel_root` (a private directory that
+        links them, for a root that cannot be written); their recorded hashes are checked there."""
         self.directory = Path(directory)
         self.format = fmt
         self.kernel_root = kernel_root   # the root whose inductor_cache/ holds the kernels, when vgc put them there
+        self.kernels = kernels if kernels is not None or kernel_root is None else kernel_root / recovery.INDUCTOR_SUBDIR
         self.saving = create
+        self._kernels_checked = False
         if create:
             self._repair_layout()
             make_private_dirs(self.directory / ARTIFACT_DIR)
@@ -232,6 +238,42 @@ class ArtifactStore:
         """The loaded artifact; None when there is none (a miss); an empty `Fetched` counting `cache_corrupt` when
         the stored copy was unusable. An unusable copy stays until a good one replaces it (`save`): a load can fail
         for reasons outside the file (a damaged kernel in Inductor's cache), and a good artifact is never lost."""
+        damaged = self._check_kernels()
+        fetched = self._load(name)
+        if fetched is not None and damaged:
+            fetched = Fetched(fetched.artifact, {**fetched.counts,
+                                                 "cache_corrupt": fetched.counts.get("cache_corrupt", 0) + damaged})
+        if fetched is not None and fetched.artifact is not None and self.saving and self.kernel_root is not None \
+                and kernel_hashes.rebuilt_since_recorded():
+            self._record_kernels()   # the files Inductor built again in place of the removed ones
+        return fetched
+
+    def _check_kernels(self) -> int:
+        """Once per store, before its first artifact loads: the recorded kernel files that were swapped or altered,
+        removed (`kernel_hashes.check`); how many."""
+        if self._kernels_checked or self.kernels is None:
+            return 0
+        self._kernels_checked = True
+        if self.saving and self.kernel_root is not None:
+            # C++ kernels are built when first run, after the loads: what this process built (again) is recorded
+            # when it ends
+            atexit.register(self._record_kernels_at_exit)
+        return kernel_hashes.check(self.directory, self.kernels)
+
+    def _record_kernels_at_exit(self) -> None:
+        if self.saving and self.kernel_root is not None:
+            with contextlib.suppress(Exception):   # an exiting process reports nothing more
+                self._record_kernels()
+
+    def _record_kernels(self) -> None:
+        try:
+            with self._locked(self._index_lock()):
+                kernel_hashes.update(self.directory, self.kernel_root / recovery.INDUCTOR_SUBDIR)
+        except OSError as e:   # the artifacts are saved; their kernels go unchecked until a later save records them
+            warn_once(f"kernels:{self.directory}", "cache: cannot record kernel hashes under %s (%s)", self.directory,
+                      _describe(e))
+
+    def _load(self, name: str) -> Fetched | None:
         record = self.read_index().get(name)
         if record is None and not os.path.lexists(self.directory / INDEX_FILE) and \
                 os.path.lexists(self.artifact_path(name)):
@@ -254,7 +296,7 @@ class ArtifactStore:
                     # a full disk is not damage: Inductor's cache moves off it (one warning), and the intact
                     # artifact loads from there (once more only: kernel_root is None now)
                     self._move_kernels_off(unwritable)
-                    return self.load(name)
+                    return self._load(name)
                 else:   # the user's TORCHINDUCTOR_CACHE_DIR cannot be written: the disk's problem, not the file's
                     self.saving = False
                     warn_once(f"artifact:{path}", "cache artifact %s could not be loaded: Inductor's cache cannot be "
@@ -269,7 +311,7 @@ class ArtifactStore:
     def _move_kernels_off(self, why: str) -> None:
         """Inductor's cache leaves the root that refused its write (`recovery.move_kernel_cache_off`); vgc saves
         nothing more there either: the same disk would refuse it."""
-        recovery.move_kernel_cache_off(self.kernel_root, why)
+        self.kernels = Path(recovery.move_kernel_cache_off(self.kernel_root, why))
         self.kernel_root = None
         self.saving = False
 
@@ -302,6 +344,8 @@ class ArtifactStore:
             os.replace(tmp, path)  # a directory rename is atomic too: readers never see half an unpacked dir
         record.update(meta, file=path.name, format=self.format, created=time.time())
         self._update_index(name, record)
+        if self.kernel_root is not None:   # the kernels this artifact's compile built are under the root now
+            self._record_kernels()
 
     @staticmethod
     def _remove(path: Path) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vgc.cache import json_data, recovery, saved_traces
+from vgc.cache import json_data, kernel_hashes, recovery, saved_traces
 from vgc.cache.inventory import _read_only_store, Entry
 from vgc.cache.layout import (ARTIFACT_DIR, CACHE_SUBDIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR, saved_trace_files_in,
                               untrusted_reason)
@@ -130,6 +130,9 @@ def _check_rank_dir(entry: Entry, rank_dir: Path, report: Verification) -> None:
         else:
             report.unindexed.extend(unindexed)
     _check_factors(entry, rank_dir / FACTORS_FILE, report)
+    kernels = entry.path.parent.parent / recovery.INDUCTOR_SUBDIR
+    for path, problem in kernel_hashes.mismatches(rank_dir, kernels, once=False):
+        report.bad.append((path, f"{problem}; a start removes it and Inductor builds it again"))
     _check_locks(rank_dir / LOCK_DIR, report)
     for trace in saved_trace_files_in(rank_dir):
         problem = saved_traces.problem(trace)

@@ -1,0 +1,140 @@
+"""Content hashes of the files in Inductor's cache under a root (compiled `.so` kernels, generated `.py` and `.cpp`
+code, Triton's files), recorded in each rank directory of an entry when it saves an artifact and checked once per
+file and process before its artifacts load; `vgc cache verify` and `unpack` check them too.
+
+Inductor names these files by a hash of their source, not of their bytes, and loads them without a check: two
+`.so` files swapped load the wrong kernel (an argument-count error, or a heap corrupted without a word), and two
+generated `.py` files swapped run the wrong code. A file whose bytes differ from the record is removed (Inductor
+builds it again from the artifact it belongs to), counted in `cache_corrupt` and warned about once. A file the
+record does not name (built after the entry's last save) is not checked; a missing one is built again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from vgc import _compat
+from vgc.cache import json_data
+from vgc.cache.cpu_isa import MARKER_DIR as ISA_MARKER_DIR
+from vgc.cache.layout import atomic_write
+from vgc.log import warn_once
+
+logger = logging.getLogger("vgc")
+
+RECORD_FILE = "kernels.json"   # in a rank directory: {path under inductor_cache/: sha256}
+# Not recorded: Inductor's FX-graph and AOTAutograd pickles (vgc's binary artifacts carry their own graph and do
+# not read them; a load rewrites them), locks, vgc's ISA probe records, temporary and hidden files.
+_UNTRACKED_DIRS = {"fxgraph", "aotautograd", "locks", ISA_MARKER_DIR}
+
+_seen: dict[str, str] = {}     # file -> the sha256 this process found it to have: each file is hashed once
+_rebuilt: set[str] = set()     # files this process removed: the bytes Inductor writes there next are its own
+
+
+def tracked(relative: str) -> bool:
+    parts = relative.split("/")
+    if parts[0] in _UNTRACKED_DIRS or any(p.startswith(".") for p in parts) or relative.endswith((".lock", ".tmp")) \
+            or ".vgc-loads-" in relative:
+        return False
+    # Inductor's CPU capability probes (`c<hash>.so` and `.cpp` beside the kernels' `c<hash>.main.so`): every start
+    # that lacks one builds it, with other bytes, before any artifact loads; no artifact loads them
+    return parts[0] == "triton" or not parts[-1].endswith((".so", ".cpp")) or ".main." in parts[-1]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_record(rank_dir: Path) -> dict[str, str] | None:
+    """The rank directory's record; {} when there is none yet, None when it is unreadable or malformed."""
+    path = rank_dir / RECORD_FILE
+    if not os.path.lexists(path):
+        return {}
+    try:
+        record = json_data.loads(path.read_bytes(), what=str(path))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in record.items()):
+        return None
+    return record
+
+
+def mismatches(rank_dir: Path, kernels: Path, once: bool = True) -> list[tuple[Path, str]]:
+    """(file, why) for each recorded file under `kernels` whose bytes differ from the record (missing files are
+    not: Inductor builds them); [(record, why)] when the record cannot be read. `once`: a file this process found
+    intact before is not hashed again (a start); `vgc cache verify` hashes every file."""
+    record = read_record(rank_dir)
+    if record is None:
+        return [(rank_dir / RECORD_FILE, "unreadable or malformed: Inductor's files of this entry cannot be checked")]
+    found = []
+    for relative, digest in sorted(record.items()):
+        path = kernels / relative
+        key = str(path)
+        if once and _seen.get(key) == digest:
+            continue
+        try:
+            if not path.is_file():
+                continue   # missing (built again), or a directory (recovery's business)
+            actual = _sha256(path)
+        except OSError:
+            continue       # unreadable: recovery's business
+        if actual == digest:
+            _seen[key] = actual
+        else:
+            found.append((path, f"does not match the content hash recorded in {rank_dir / RECORD_FILE} (swapped "
+                                "with another kernel or altered)"))
+    return found
+
+
+def check(rank_dir: Path, kernels: Path) -> int:
+    """Remove each recorded file under `kernels` (Inductor's cache as this process sees it) whose bytes differ from
+    the record, with one warning each; returns how many were removed."""
+    removed = 0
+    for path, problem in mismatches(rank_dir, kernels):
+        if path.name == RECORD_FILE:
+            warn_once(f"kernels:{path}", "cache: %s is %s; its next save writes it again", path, problem)
+            continue
+        try:
+            path.unlink()
+        except OSError as e:
+            warn_once(f"kernel:{path}", "cache: %s %s, and cannot be removed (%s)", path, problem, e.strerror or e)
+            continue
+        _rebuilt.add(str(path))
+        removed += 1
+        warn_once(f"kernel:{path}", "cache: %s %s; removed it, Inductor builds it again", path, problem)
+    if removed:
+        _compat.clear_inductor_memory_caches()   # a module or library loaded from the removed file must not be reused
+    return removed
+
+
+def rebuilt_since_recorded() -> bool:
+    return bool(_rebuilt)
+
+
+def update(rank_dir: Path, kernels: Path) -> None:
+    """Record the files under `kernels` that the record does not name yet, and those this process removed and
+    Inductor built again (their new bytes are Inductor's own)."""
+    record = read_record(rank_dir) or {}
+    changed = False
+    for directory, dirnames, filenames in os.walk(kernels):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(directory, d))]
+        for name in filenames:
+            path = Path(directory, name)
+            relative = path.relative_to(kernels).as_posix()
+            if not tracked(relative) or (relative in record and str(path) not in _rebuilt) or path.is_symlink():
+                continue
+            try:
+                record[relative] = _seen[str(path)] = _sha256(path)
+            except OSError:
+                continue
+            _rebuilt.discard(str(path))
+            changed = True
+    if changed:
+        atomic_write(rank_dir / RECORD_FILE, (json.dumps(record, indent=0, sort_keys=True) + "\n").encode())
