@@ -244,3 +244,16 @@ def test_a_missing_index_is_named_as_the_index_when_its_artifacts_load(copy, cap
         assert ArtifactStore(rank_dir(copy), "binary").load(name) is None   # a miss: nothing to check it against
     (warning,) = [r.getMessage() for r in caplog.records]
     assert f"cache index {index} is missing" in warning and "compiled again" in warning, warning
+
+
+def test_an_index_swapped_in_is_named_with_the_artifacts_it_fails(copy, capsys):
+    """Issue 51: an index from elsewhere made intact artifacts read as "unusable (content hash mismatch)"; the
+    message now says the hash is the index's record, which may be the part that changed."""
+    index = rank_dir(copy) / INDEX_FILE
+    records = json.loads(index.read_text())
+    first, second = sorted(records)[:2]
+    records[first]["sha256"], records[second]["sha256"] = records[second]["sha256"], records[first]["sha256"]
+    index.write_text(json.dumps(records))
+    code, out = verify(capsys, copy)
+    assert code == 1 and out.count("content hash differs from the one recorded in index.json (the file or the "
+                                   "index changed)") == 2, out

@@ -224,9 +224,10 @@ class ArtifactStore:
             return "missing"
         if record["format"] == "binary":
             if path.stat().st_size != record["bytes"]:
-                return f"size {path.stat().st_size} != recorded {record['bytes']}"
+                return f"size {path.stat().st_size} != {record['bytes']} recorded in {INDEX_FILE}"
             if content_hash(path) != record["sha256"]:
-                return "content hash mismatch"
+                # which of the two changed cannot be told: a swapped index makes intact artifacts fail too
+                return f"content hash differs from the one recorded in {INDEX_FILE} (the file or the index changed)"
             return None
         current = _unpacked_manifest(path)
         for rel, digest in record["files"].items():
