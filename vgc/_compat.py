@@ -386,12 +386,6 @@ def inductor_option_names() -> frozenset[str]:
     return frozenset(inductor_config.get_config_copy())
 
 
-def inductor_pdl_option() -> dict[str, bool]:
-    """Inductor's switch for programmatic dependent launch of its Triton kernels (`triton.enable_pdl`, torch 2.10
-    on), as an option dict; empty where this torch has no such switch."""
-    return {"triton.enable_pdl": True} if "triton.enable_pdl" in inductor_option_names() else {}
-
-
 def inductor_config_portable() -> dict[str, Any]:
     """Inductor's current config, without process-specific entries, for cache keys (private config module)."""
     import torch._inductor.config as inductor_config

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from vgc import _compat, aliasing, envs, log
+from vgc import _compat, aliasing, log
 from vgc.aliasing import mutated_inputs
 from vgc.cache import debug_files
 from vgc.cache.entry import open_store
@@ -442,11 +442,9 @@ class VgcBackend:
 
     def _inductor_configs(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Inductor's options for the symbolic-size artifacts and for the `compile_sizes` ones, with the graph
-        passes (vgc's and the user's) in the post-grad pass slot. Inductor's kernels launch as programmatic
-        dependents (it applies that on Hopper and later only) unless VGC_PDL=0 or the user's options say
-        otherwise: with vgc's matmul kernels chained the same way, a decode step's launches form one chain."""
+        passes (vgc's and the user's) in the post-grad pass slot."""
         if self._configs is None:
-            base = {**(_compat.inductor_pdl_option() if envs.pdl() else {}), **self.config.inductor_compile_config}
+            base = self.config.inductor_compile_config
             manager = pass_manager(self.config.pass_config, self.config.inductor_passes)
             if manager is not None:
                 base = {**base, "post_grad_custom_post_pass": manager}

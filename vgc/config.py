@@ -310,8 +310,8 @@ class CompilationConfig:
     pass_config: dict[str, bool] = _field(
         "vgc's graph passes, switched by name: 'eliminate_noops' (inside Inductor, per piece), "
         "'fuse_sibling_matmuls' (linears sharing an input become one, over their weights concatenated once) and "
-        "'skinny_matmuls' (on: bf16/fp16 CUDA matmuls of one row run vgc's Triton GEMV, chained to its "
-        "neighbours by programmatic dependent launch on Hopper; 1.23x at batch-1 decode on an H200); "
+        "'skinny_matmuls' (on: bf16/fp16 CUDA matmuls of one row run vgc's Triton GEMV, launched as a "
+        "programmatic dependent on Hopper; 1.13x at batch-1 decode on an H200); "
         "unnamed passes keep their default (see docs/architecture.md#graph-passes-vgcpasses).", _pass_config, in_hash=True, factory=dict)
     inductor_passes: dict[str, Any] = _field(
         "The user's graph passes, by name: torch `CustomGraphPass` objects or callables with a `uuid()`; run after "

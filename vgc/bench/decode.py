@@ -1,8 +1,8 @@
 """`vgc bench decode`: per-step latency of the Llama-3.2-1B-shaped decoder, every execution strategy in one run.
 
 Rows: eager, torch.compile (inductor default), torch.compile mode="reduce-overhead", vgc.compile with
-cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE, FULL_AND_PIECEWISE's twins (cuBLAS matmuls
-with and without PDL, tuning scoped to a static batch-1 artifact, eager pieces:
+cudagraph_mode NONE / PIECEWISE / FULL / FULL_AND_PIECEWISE, FULL_AND_PIECEWISE's twins (cuBLAS matmuls,
+Inductor's kernels chained by PDL, tuning scoped to a static batch-1 artifact, eager pieces:
 no Inductor), breakable graphs (`vgc.cudagraph.breakable`: no Dynamo, no Inductor; with or without whole graphs
 for decode batches) and drop-in torch.compile(backend="vgc") with PIECEWISE / FULL / FULL_AND_PIECEWISE. Columns: decode at several batch
 sizes and one prefill size.
@@ -31,7 +31,7 @@ from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs
 
 
 ROWS = ("eager", "inductor default", "inductor reduce-overhead", "vgc NONE", "vgc PIECEWISE", "vgc FULL",
-        "vgc FULL_AND_PIECEWISE", "vgc F&P cuBLAS", "vgc F&P cuBLAS + PDL",
+        "vgc FULL_AND_PIECEWISE", "vgc F&P cuBLAS", "vgc F&P + Inductor PDL",
         "vgc F&P tuned [1]", "vgc F&P eager pieces", "breakable + whole decode", "breakable", "drop-in PIECEWISE",
         "drop-in FULL", "drop-in FULL_AND_PIECEWISE")
 """The rows main() builds, in order: what --only accepts, known before a model is built."""
@@ -119,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         "vgc FULL": lambda: vgc_model("full"),
         "vgc FULL_AND_PIECEWISE": lambda: vgc_model("full_and_piecewise"),
         # What each default of FULL_AND_PIECEWISE buys, and the candidates that are not defaults
-        # The default before issue 47: cuBLAS matmuls, and ordinary launches; then with Inductor's kernels chained
-        "vgc F&P cuBLAS": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmuls": False},
-                                            inductor_compile_config={"triton.enable_pdl": False}),
-        "vgc F&P cuBLAS + PDL": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmuls": False}),
+        # The default before issue 47 (cuBLAS matmuls); and Inductor's kernels chained to vgc's by PDL (opt-in)
+        "vgc F&P cuBLAS": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmuls": False}),
+        "vgc F&P + Inductor PDL": lambda: vgc_model("full_and_piecewise",
+                                                    inductor_compile_config={"triton.enable_pdl": True}),
         "vgc F&P tuned [1]": lambda: vgc_model("full_and_piecewise", **tuned),
         # Without Inductor: the pieces run their own graphs; or no Dynamo either, the eager forward captured in
         # segments between attention calls (whole graphs for decode batches, or attention eager there too)

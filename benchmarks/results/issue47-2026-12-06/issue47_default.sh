@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/card.t
 timeout 80 python -m pytest -q -m gpu tests/ops/test_decode_step.py -p no:cacheprovider \
     > $OUT/gpu_tests.txt 2>&1; echo "pytest rc $?" >> $OUT/gpu_tests.txt; tail -3 $OUT/gpu_tests.txt
 timeout 200 python -m vgc bench decode --interleave --batches 1,8,64 --json $OUT/decode.json \
-    --only "vgc FULL_AND_PIECEWISE,vgc F&P cuBLAS,vgc F&P cuBLAS + PDL" > $OUT/decode.txt 2>&1
+    --only "vgc FULL_AND_PIECEWISE,vgc F&P cuBLAS,vgc F&P + Inductor PDL" > $OUT/decode.txt 2>&1
 echo "decode rc $?" >> $OUT/decode.txt; grep -v "^  \|Warning\|warn" $OUT/decode.txt | tail -28
 timeout 150 python -m vgc bench generate --batch 1,8 --reps 3 --only "anchor,vgc integration" --json $OUT/generate.json \
     > $OUT/generate.txt 2>&1; echo "generate rc $?" >> $OUT/generate.txt; tail -16 $OUT/generate.txt
