@@ -15,7 +15,7 @@ from vgc.encoder.protocol import DEFAULT_PATH, EncoderItemSpec, GLOBAL_PATH, LOC
 
 # Auto budgets grow by at most this factor per level: a sub-batch just over a level pads at most ~20%. The
 # seed's powers of two (growth 2) pad up to ~50% and measurably cost mean latency on compute-bound batches
-# (docs/benchmarks.md); finer levels cost more graphs, which share one memory pool.
+# (docs/benchmarks-log.md); finer levels cost more graphs, which share one memory pool.
 DEFAULT_GROWTH = 1.25
 
 
