@@ -20,7 +20,7 @@ from pathlib import Path
 from vgc import _compat
 from vgc.cache import json_data
 from vgc.cache.cpu_isa import MARKER_DIR as ISA_MARKER_DIR
-from vgc.cache.layout import atomic_write
+from vgc.cache.layout import atomic_write, CACHE_SUBDIR
 from vgc.log import warn_once
 
 logger = logging.getLogger("vgc")
@@ -66,18 +66,32 @@ def read_record(rank_dir: Path) -> dict[str, str] | None:
     return record
 
 
-def mismatches(rank_dir: Path, kernels: Path, once: bool = True) -> list[tuple[Path, str]]:
-    """(file, why) for each recorded file under `kernels` whose bytes differ from the record (missing files are
-    not: Inductor builds them); [(record, why)] when the record cannot be read. `once`: a file this process found
-    intact before is not hashed again (a start); `vgc cache verify` hashes every file."""
-    record = read_record(rank_dir)
-    if record is None:
-        return [(rank_dir / RECORD_FILE, "unreadable or malformed: Inductor's files of this entry cannot be checked")]
-    found = []
-    for relative, digest in sorted(record.items()):
-        path = kernels / relative
-        key = str(path)
-        if once and _seen.get(key) == digest:
+def rank_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in (Path(root) / CACHE_SUBDIR).glob("*/rank_*") if p.is_dir())
+
+
+def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | None = None
+               ) -> list[tuple[Path, str]]:
+    """(file, why) for each file under `kernels` that a record in the root names and whose bytes match none of the
+    hashes the root's records hold for it (entries share kernels, and each records the bytes it saw); missing files
+    are not listed (Inductor builds them), an unreadable record is. `only`: the rank directories whose records name
+    the files to check (default: all). `once`: a file this process found intact before is not hashed again (a
+    start); `vgc cache verify` hashes every file."""
+    found, known, checked = [], {}, set()
+    for rank_dir in rank_dirs(root):
+        record = read_record(rank_dir)
+        if record is None:
+            if only is None or rank_dir in only:
+                found.append((rank_dir / RECORD_FILE, "unreadable or malformed: Inductor's files cannot be checked "
+                                                      "against it"))
+            continue
+        for relative, digest in record.items():
+            known.setdefault(relative, set()).add(digest)
+        if only is None or rank_dir in only:
+            checked.update(record)
+    for relative in sorted(checked):
+        path, digests = kernels / relative, known[relative]
+        if once and _seen.get(str(path)) in digests:
             continue
         try:
             if not path.is_file():
@@ -85,19 +99,20 @@ def mismatches(rank_dir: Path, kernels: Path, once: bool = True) -> list[tuple[P
             actual = _sha256(path)
         except OSError:
             continue       # unreadable: recovery's business
-        if actual == digest:
-            _seen[key] = actual
+        if actual in digests:
+            _seen[str(path)] = actual
         else:
-            found.append((path, f"does not match the content hash recorded in {rank_dir / RECORD_FILE} (swapped "
-                                "with another kernel or altered)"))
+            found.append((path, f"does not match the content hash recorded for it under {root} (swapped with "
+                                "another kernel or altered)"))
     return found
 
 
-def check(rank_dir: Path, kernels: Path) -> int:
-    """Remove each recorded file under `kernels` (Inductor's cache as this process sees it) whose bytes differ from
-    the record, with one warning each; returns how many were removed."""
+def check(root: Path, kernels: Path) -> int:
+    """Remove each file under `kernels` (Inductor's cache as this process sees it) whose bytes match none of the
+    root's records for it, with one warning each; returns how many were removed. Every entry's records count: a
+    new entry's compile finds the kernels other entries built, by name, and would load a swapped one too."""
     removed = 0
-    for path, problem in mismatches(rank_dir, kernels):
+    for path, problem in mismatches(root, kernels):
         if path.name == RECORD_FILE:
             warn_once(f"kernels:{path}", "cache: %s is %s; its next save writes it again", path, problem)
             continue

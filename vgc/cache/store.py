@@ -241,7 +241,8 @@ class ArtifactStore:
         for reasons outside the file (a damaged kernel in Inductor's cache), and a good artifact is never lost."""
         damaged = self._check_kernels()
         fetched = self._load(name)
-        if fetched is not None and damaged:
+        if damaged:   # counted with this artifact's fetch, found or not
+            fetched = Fetched(None, {}) if fetched is None else fetched
             fetched = Fetched(fetched.artifact, {**fetched.counts,
                                                  "cache_corrupt": fetched.counts.get("cache_corrupt", 0) + damaged})
         if fetched is not None and fetched.artifact is not None and self.saving and self.kernel_root is not None \
@@ -259,7 +260,8 @@ class ArtifactStore:
             # C++ kernels are built when first run, after the loads: what this process built (again) is recorded
             # when it ends
             atexit.register(self._record_kernels_at_exit)
-        return kernel_hashes.check(self.directory, self.kernels)
+        parents = self.directory.parents   # <root>/torch_compile_cache/<entry>/<rank>
+        return kernel_hashes.check(parents[2] if len(parents) > 2 else self.directory, self.kernels)
 
     def _record_kernels_at_exit(self) -> None:
         if self.saving and self.kernel_root is not None:
