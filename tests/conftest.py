@@ -146,6 +146,21 @@ def triton_device():
     return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None
 
 
+def mount_tmpfs(path, options: str) -> bool:
+    """A fresh tmpfs at `path` (created) with mount `options` ("size=1m", "size=64m,nr_inodes=24", "size=1m,ro"),
+    for roots that fill up or refuse writes; False where this machine cannot mount one (not root)."""
+    import subprocess
+
+    os.makedirs(path, exist_ok=True)
+    try:
+        # mode 0700: a tmpfs root is world-writable by default, which vgc refuses to load from
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},mode=0700", "tmpfs", str(path)],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
 def free_port() -> int:
     """A free TCP port on this host, for a process group's rendezvous."""
     with socket.socket() as sock:

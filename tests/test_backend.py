@@ -83,7 +83,8 @@ class ShapeRecorder(torch._inductor.custom_graph_pass.CustomGraphPass):
 
 def test_compile_sizes_inductor_config_applies_to_static_artifacts_only(fresh_counters, no_cache):
     everywhere, static_only = ShapeRecorder("everywhere"), ShapeRecorder("static-only")
-    config = vgc.CompilationConfig(compile_sizes=[8],
+    # the post-grad slot is the user's only while no vgc pass runs there (skinny_matmuls does by default)
+    config = vgc.CompilationConfig(compile_sizes=[8], pass_config={"skinny_matmuls": False},
                                    inductor_compile_config={"post_grad_custom_post_pass": everywhere},
                                    compile_sizes_inductor_config={"post_grad_custom_pre_pass": static_only})
     torch.manual_seed(0)

@@ -23,6 +23,7 @@ from vgc.cache import bundle as bundles
 from vgc.cache import cpu_isa, inventory
 from vgc.cache.layout import CACHE_SUBDIR, FACTORS_FILE
 from vgc.cli import main as vgc_main
+from conftest import mount_tmpfs
 
 WORKER = str(Path(__file__).parents[1] / "workers" / "warm_worker.py")
 
@@ -238,6 +239,16 @@ def _cases(bundle: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
     return cases
 
 
+def _unpack_and_verify_refuse(root: Path, name: str, path: Path, reason: str, capsys) -> None:
+    """`unpack` refuses the bundle naming `reason` and installing nothing, and `verify FILE` fails it (its output
+    is left for the caller to read)."""
+    capsys.readouterr()
+    assert vgc_main(["cache", "--root", str(root), "unpack", str(path)]) == 1, name
+    out = capsys.readouterr().out
+    assert reason in out and "nothing installed" in out, (name, out)
+    assert vgc_main(["cache", "verify", str(path)]) == 1, name
+
+
 def test_every_damaged_or_foreign_bundle_is_refused_with_its_reason_and_installs_nothing(packed, tmp_path,
                                                                                         capsys):
     _, bundle, _ = packed
@@ -245,11 +256,7 @@ def test_every_damaged_or_foreign_bundle_is_refused_with_its_reason_and_installs
     assert len(cases) >= 20
     root = tmp_path / "root"
     for name, (path, reason) in cases.items():
-        capsys.readouterr()
-        assert vgc_main(["cache", "--root", str(root), "unpack", str(path)]) == 1, name
-        out = capsys.readouterr().out
-        assert reason in out and "nothing installed" in out, (name, out)
-        assert vgc_main(["cache", "verify", str(path)]) == 1, name
+        _unpack_and_verify_refuse(root, name, path, reason, capsys)
         assert inventory.entries(root) == [], name
     assert not (tmp_path / "escape.py").exists() and not list(root.glob(".vgc-*"))
     assert not list(root.rglob("link"))
@@ -378,11 +385,7 @@ def test_hostile_manifests_and_damage_behind_recomputed_hashes_are_refused_witho
     assert len(cases) == 18
     root = tmp_path / "root"
     for name, (path, reason) in cases.items():
-        capsys.readouterr()
-        assert vgc_main(["cache", "--root", str(root), "unpack", str(path)]) == 1, name
-        out = capsys.readouterr().out
-        assert reason in out and "nothing installed" in out, (name, out)
-        assert vgc_main(["cache", "verify", str(path)]) == 1, name
+        _unpack_and_verify_refuse(root, name, path, reason, capsys)
         assert reason in capsys.readouterr().out, name
         assert vgc_main(["cache", "show", str(path)]) == 1, name
         assert reason in capsys.readouterr().out, name
@@ -490,21 +493,11 @@ def test_unpack_replaces_an_intact_but_partial_entry_with_the_bundles_complete_o
     assert not list(root.glob(".vgc-*"))
 
 
-def _mount(path: Path, options: str) -> bool:
-    path.mkdir()
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},mode=0700", "tmpfs", str(path)],
-                              capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
-
-
 @pytest.mark.parametrize("kind", ["read-only", "no inodes left"])
 def test_a_root_that_cannot_take_the_bundle_is_named_not_the_bundle(packed, tmp_path, capsys, kind):
     _, bundle, _ = packed
     root = tmp_path / "root"
-    if not _mount(root, "size=64m" + (",nr_inodes=24" if kind == "no inodes left" else "")):
+    if not mount_tmpfs(root, "size=64m" + (",nr_inodes=24" if kind == "no inodes left" else "")):
         pytest.skip("cannot mount a tmpfs here (needs root); the injected-ENOSPC test above still runs")
     try:
         if kind == "read-only" and subprocess.run(["mount", "-o", "remount,ro", str(root)],

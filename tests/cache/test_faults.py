@@ -25,6 +25,7 @@ import pytest
 import vgc
 from vgc.cache import inventory, verify
 from vgc.cache.layout import ARTIFACT_DIR
+from conftest import mount_tmpfs
 
 WORKERS = Path(__file__).parents[1] / "workers"
 FAULT_COUNT = int(os.environ.get("VGC_FAULTS", "12"))
@@ -293,21 +294,10 @@ def test_two_kernels_swapped_are_caught_by_their_recorded_hashes(warm_root, tmp_
     assert after["counters"]["inductor_compiles"] == 0 and verify.verify_root(root) == []
 
 
-def _mount_tmpfs(path: Path, size: str) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        # mode 0700: a tmpfs root is world-writable by default, which vgc refuses to load from
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                              capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
-
-
 @pytest.mark.parametrize("size", ["256k", pytest.param("2m", marks=pytest.mark.extended), "ro"])
 def test_a_full_or_read_only_disk_degrades_to_running_without_saving(tmp_path, size):
     root = tmp_path / "small-disk"
-    if not _mount_tmpfs(root, "1m,ro" if size == "ro" else size):
+    if not mount_tmpfs(root, "size=1m,ro" if size == "ro" else f"size={size}"):
         pytest.skip("cannot mount a tmpfs here (needs root); the injected-ENOSPC test below still runs")
     try:
         report = run_passes([root], tmp_path, "full")[str(root)]
@@ -325,7 +315,7 @@ def test_a_warm_root_made_read_only_still_starts_and_answers_right(tmp_path):
     the cache key. Now Inductor's cache moves to a private directory up front, with one warning, and every
     artifact loads from the root: no compile."""
     root = tmp_path / "image"
-    if not _mount_tmpfs(root, "64m"):
+    if not mount_tmpfs(root, "size=64m"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         cold = run_passes([root], tmp_path, "cold")[str(root)]
@@ -373,7 +363,7 @@ def test_a_warm_start_on_a_full_disk_loads_what_is_there_and_warns_once(tmp_path
     Three ways full: no byte left (found before anything loads), a few KiB left (found when Inductor's first write
     fails while loading), no inode left."""
     root = tmp_path / "disk"
-    if not _mount_tmpfs(root, "64m"):
+    if not mount_tmpfs(root, "size=64m"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         cold = run_passes([root], tmp_path, "cold")[str(root)]
