@@ -122,11 +122,30 @@ def check(root: Path, kernels: Path) -> int:
             warn_once(f"kernel:{path}", "cache: %s %s, and cannot be removed (%s)", path, problem, e.strerror or e)
             continue
         _rebuilt.add(str(path))
+        forget(root, kernels, path)
         removed += 1
         warn_once(f"kernel:{path}", "cache: %s %s; removed it, Inductor builds it again", path, problem)
     if removed:
         _compat.clear_inductor_memory_caches()   # a module or library loaded from the removed file must not be reused
     return removed
+
+
+def forget(root: Path, kernels: Path, path: Path) -> None:
+    """Drop `path` from every record under `root` that names it, once it has been removed: the bytes Inductor builds
+    there next are its own, recorded at the next save. Without this, a process that never saves (or is killed, or
+    builds a C++ kernel lazily after its last save) leaves the next start a rebuilt file to remove again."""
+    try:
+        relative = Path(path).relative_to(kernels).as_posix()
+    except ValueError:
+        return
+    for rank_dir in rank_dirs(root):
+        record = read_record(rank_dir)
+        if record and relative in record:
+            del record[relative]
+            try:
+                atomic_write(rank_dir / RECORD_FILE, (json.dumps(record, indent=0, sort_keys=True) + "\n").encode())
+            except OSError:
+                pass   # a root that cannot be written: the next start removes the rebuilt file again, nothing worse
 
 
 def rebuilt_since_recorded() -> bool:

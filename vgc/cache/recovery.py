@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from vgc import _compat
+from vgc.cache import kernel_hashes
 
 logger = logging.getLogger("vgc")
 
@@ -107,6 +108,7 @@ def remove_damaged_kernels(root: Path) -> int:
         except OSError as e:
             logger.warning("cache: %s is %s and could not be removed (%s)", path, problem, e.strerror or e)
             continue
+        kernel_hashes.forget(Path(root), Path(root) / INDUCTOR_SUBDIR, path)
         logger.warning("cache: removed %s (%s); Inductor rebuilds it", path, problem)
         removed += 1
     return removed
