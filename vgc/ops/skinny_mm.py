@@ -24,9 +24,9 @@ import functools
 import torch
 
 from vgc import envs
-from vgc.ops import triton_skinny_mm
+from vgc.ops import triton_rows, triton_skinny_mm
 
-__all__ = ["skinny_mm", "DTYPES", "MAX_M", "uses_kernel"]
+__all__ = ["skinny_mm", "skinny_mm_fused", "DTYPES", "MAX_M", "uses_kernel", "uses_fused_kernel"]
 
 # The most rows the op sends to vgc's kernel: what was measured faster than cuBLAS (a batch-1 decode step).
 MAX_M = 1
@@ -69,3 +69,47 @@ def skinny_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @skinny_mm.register_fake
 def _(a, b):
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def uses_fused_kernel(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor | None,
+                      residual: torch.Tensor | None) -> bool:
+    """Whether `skinny_mm_fused` runs as one launch of vgc's kernel (one row; else its parts run separately)."""
+    return (a.shape[0] == 1 and uses_kernel(a, b)
+            and (norm_weight is None or (norm_weight.dtype == a.dtype and norm_weight.is_contiguous()
+                                         and norm_weight.device == a.device))
+            and (residual is None or (residual.dtype == a.dtype and residual.device == a.device)))
+
+
+@torch.library.custom_op("vgc::skinny_mm_fused", mutates_args=())
+def skinny_mm_fused(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
+                    residual: torch.Tensor | None, silu_mul: bool) -> torch.Tensor:
+    """`a @ b` with the neighbours a decode step puts around it, in one launch for one row:
+
+        x = rms_norm(a) * norm_weight   (if norm_weight is given; with eps)
+        p = x @ b
+        p = silu(p[:, :n]) * p[:, n:]   (if silu_mul; n is half of b's columns)
+        p + residual                    (if residual is given)
+
+    More rows run the parts as separate launches (RMSNorm and SiLU-and-multiply as Triton kernels on CUDA, the
+    product and residual add as cuBLAS's addmm), each rounding where the unfused graph does."""
+    n = b.shape[1] // 2 if silu_mul else b.shape[1]
+    if uses_fused_kernel(a, b, norm_weight, residual):
+        out = torch.empty((1, n), dtype=a.dtype, device=a.device)
+        # Gating and a residual add both: the kernel gates, and the add runs after it (no decoder does both).
+        epilogue = triton_skinny_mm.SILU_MUL if silu_mul else \
+            triton_skinny_mm.PLAIN if residual is None else triton_skinny_mm.ADD_RESIDUAL
+        triton_skinny_mm.skinny_mm_into(out, a, b, pdl=uses_pdl(a), norm_weight=norm_weight, eps=eps,
+                                        epilogue=epilogue, residual=None if silu_mul else residual)
+        return out + residual if silu_mul and residual is not None else out
+    x = a if norm_weight is None else triton_rows.rms_norm(a, norm_weight, eps)
+    if residual is not None and not silu_mul:
+        return torch.addmm(residual, x, b)
+    product = torch.mm(x, b)
+    if silu_mul:
+        product = triton_rows.silu_mul(product)
+    return product if residual is None else product + residual
+
+
+@skinny_mm_fused.register_fake
+def _(a, b, norm_weight, eps, residual, silu_mul):
+    return a.new_empty((a.shape[0], b.shape[1] // 2 if silu_mul else b.shape[1]))

@@ -45,10 +45,14 @@ def _pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-def choose_tile(m: int, n: int, k: int) -> Tile:
-    """The launch shape for an `[m, k] @ [k, n]` product, `m <= GEMV_MAX_M`: the sweep's where it measured one."""
+def choose_tile(m: int, n: int, k: int, gated: bool = False) -> Tile:
+    """The launch shape for an `[m, k] @ [k, n]` product, `m <= GEMV_MAX_M`: the sweep's where it measured one.
+    `gated` (SILU_MUL): each program reads two weight rows per output column, so half as many columns."""
     block_m = _pow2(m)
-    return GEMV_TILES.get((block_m, n, k)) or default_tile(block_m, n, k)
+    tile = GEMV_TILES.get((block_m, n, k)) or default_tile(block_m, n, k)
+    if gated:
+        tile = Tile(tile.block_m, max(1, tile.block_n // 2), tile.block_k, tile.num_warps, tile.num_stages)
+    return tile
 
 
 def default_tile(block_m: int, n: int, k: int) -> Tile:
@@ -73,36 +77,67 @@ GEMV_TILES: dict[tuple[int, int, int], Tile] = {
 if HAS_TRITON:
 
     @triton.jit
-    def _gemv_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    def _gemv_kernel(a, b, c, norm_w, residual, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                     stride_cn, stride_rn, eps,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                     NORM: tl.constexpr, EPILOGUE: tl.constexpr):
+        # One row (BLOCK_M == 1) may fuse its neighbours: NORM, the RMSNorm of `a` by `norm_w` (the row's scale
+        # applied to the sums, so the loop is one pass over `a`); EPILOGUE 1, `+ residual`; EPILOGUE 2 (GATED),
+        # `silu(gate) * up` of the product's two halves, each program taking gate column j and up column N + j
+        # side by side (rows interleaved), so the pair meets in the same registers.
+        GATED: tl.constexpr = EPILOGUE == 2
+        ROWS: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
+        pid = tl.program_id(0)
+        i = tl.arange(0, ROWS)
+        if GATED:
+            rn = pid * BLOCK_N + i // 2
+            w_row = rn + (i % 2) * N
+        else:
+            rn = pid * BLOCK_N + i
+            w_row = rn
         rk = tl.arange(0, BLOCK_K)
         rm = tl.arange(0, BLOCK_M)
         n_mask = rn[:, None] < N
-        b_ptrs = b + rn[:, None] * stride_bn + rk[None, :] * stride_bk      # [BLOCK_N, BLOCK_K]: rows of the weight
+        b_ptrs = b + w_row[:, None] * stride_bn + rk[None, :] * stride_bk   # [ROWS, BLOCK_K]: rows of the weight
         w = tl.load(b_ptrs, mask=n_mask & (rk[None, :] < K), other=0.0)
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         if BLOCK_M == 1:
-            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            acc = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
+            squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
         else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+            acc = tl.zeros((BLOCK_M, ROWS, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             if BLOCK_M == 1:
-                x = tl.load(a + (k0 + rk) * stride_ak, mask=k0 + rk < K, other=0.0)
+                x = tl.load(a + (k0 + rk) * stride_ak, mask=k0 + rk < K, other=0.0).to(tl.float32)
+                if NORM:
+                    squares += x * x
+                    x = x * tl.load(norm_w + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
             else:
                 x = tl.load(a + rm[:, None] * stride_am + (k0 + rk)[None, :] * stride_ak,
-                            mask=(rm[:, None] < M) & (k0 + rk < K)[None, :], other=0.0)
+                            mask=(rm[:, None] < M) & (k0 + rk < K)[None, :], other=0.0).to(tl.float32)
             b_ptrs += BLOCK_K * stride_bk
             w_next = tl.load(b_ptrs, mask=n_mask & (rk[None, :] < K - k0 - BLOCK_K), other=0.0)
             if BLOCK_M == 1:
-                acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+                acc += w.to(tl.float32) * x[None, :]
             else:
-                acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+                acc += w.to(tl.float32)[None, :, :] * x[:, None, :]
             w = w_next
         if BLOCK_M == 1:
-            tl.store(c + rn * stride_cn, tl.sum(acc, axis=1).to(c.dtype.element_ty), mask=rn < N)
+            out = tl.sum(acc, axis=1)
+            if NORM:
+                out = out * tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+            if GATED:
+                # Rounded where the unfused graph rounds: the product, then silu(gate), then the result.
+                gate, up = tl.split(tl.reshape(out.to(c.dtype.element_ty).to(tl.float32), (BLOCK_N, 2)))
+                silu = (gate / (1.0 + tl.exp(-gate))).to(c.dtype.element_ty).to(tl.float32)
+                out = silu * up
+                rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+            if EPILOGUE == 1:
+                out = out.to(c.dtype.element_ty).to(tl.float32) + \
+                    tl.load(residual + rn * stride_rn, mask=rn < N, other=0.0).to(tl.float32)
+            tl.store(c + rn * stride_cn, out.to(c.dtype.element_ty), mask=rn < N)
         else:
             tl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, tl.sum(acc, axis=2).to(c.dtype.element_ty),
                      mask=(rm[:, None] < M) & (rn[None, :] < N))
@@ -110,17 +145,33 @@ if HAS_TRITON:
     _launch = FastLauncher(_gemv_kernel)
 
 
-def skinny_mm_into(out, a, b, tile: Tile | None = None, pdl: bool = False) -> None:
+# What a one-row launch fuses around its product (the `EPILOGUE` constexpr).
+PLAIN, ADD_RESIDUAL, SILU_MUL = 0, 1, 2
+
+
+def skinny_mm_into(out, a, b, tile: Tile | None = None, pdl: bool = False, norm_weight=None, eps: float = 0.0,
+                   epilogue: int = PLAIN, residual=None) -> None:
     """`out = a @ b` with the kernel (`a` has at most `GEMV_MAX_M` rows); `tile` overrides `choose_tile` (the sweep
     uses it); `pdl`: launched as a programmatic dependent of the kernel before it (Hopper and later, never under
-    the interpreter)."""
+    the interpreter).
+
+    One row may fuse: `norm_weight` (with `eps`): `a` is RMS-normalised and scaled by it first; `epilogue`
+    ADD_RESIDUAL: `out = a @ b + residual`; SILU_MUL: `out = silu(p[:, :n]) * p[:, n:]` for `p = a @ b` and `n`
+    the columns of `out` (half of `b`'s).
+    """
     m, k = a.shape
-    n = b.shape[1]
+    n = out.shape[1]
     if m == 0:
         return
-    tile = tile or choose_tile(m, n, k)
+    fused = norm_weight is not None or epilogue != PLAIN
+    assert not fused or m == 1, "fused neighbours take one row"
+    assert b.shape[1] == (2 * n if epilogue == SILU_MUL else n), (tuple(b.shape), tuple(out.shape))
+    tile = tile or choose_tile(m, b.shape[1] if epilogue == SILU_MUL else n, k, gated=epilogue == SILU_MUL)
     assert m <= tile.block_m <= GEMV_MAX_M, f"{m} rows in a tile of {tile.block_m}"
-    _launch((triton.cdiv(n, tile.block_n),), (a, b, out),
-            (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1)),
+    residual = out if residual is None else residual
+    _launch((triton.cdiv(n, tile.block_n),), (a, b, out, a if norm_weight is None else norm_weight, residual),
+            (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+             residual.stride(-1), float(eps)),
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PDL=pdl,
+            NORM=norm_weight is not None, EPILOGUE=epilogue,
             num_warps=tile.num_warps, num_stages=tile.num_stages, **({"launch_pdl": True} if pdl else {}))

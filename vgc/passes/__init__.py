@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from vgc.passes import skinny_matmul
+from vgc.passes import skinny_fusion, skinny_matmul
 from vgc.passes.noop import eliminate_noops
 from vgc.passes.sibling_matmul import fuse_sibling_linears
 
@@ -29,4 +29,6 @@ BUILTIN_PASSES = {
     "fuse_sibling_matmuls": BuiltinPass(fuse_sibling_linears, default=True, stage="split"),
     "skinny_matmuls": BuiltinPass(skinny_matmul.use_skinny_matmuls, default=True, stage="post_grad",
                                   options=skinny_matmul.options),
+    # After skinny_matmuls (this order): it fuses around the ops that pass put in.
+    "skinny_matmul_fusion": BuiltinPass(skinny_fusion.fuse_skinny_neighbours, default=False, stage="post_grad"),
 }

@@ -1,0 +1,85 @@
+"""Row-wise Triton kernels for the many-row side of `vgc::skinny_mm_fused`: RMSNorm and SiLU-and-multiply.
+
+When the fused decode matmul gets more rows than its one-row kernel takes (a prefill through the same
+symbolic-size piece), it runs the neighbours it absorbed as separate launches again: these two, each one launch
+like the Inductor kernel it replaced, around cuBLAS's product. Each rounds where the unfused graph rounds
+(`bf16(bf16(x * rstd) * w)`; `bf16(bf16(silu(g)) * u)`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: torch's own ops
+    triton = None
+
+from vgc.ops.triton_launch import FastLauncher
+
+HAS_TRITON = triton is not None
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def silu_mul_reference(y: torch.Tensor) -> torch.Tensor:
+    gate, up = y.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _rms_norm_kernel(x, w, out, K, stride_xm, stride_om, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < K
+        v = tl.load(x + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(v * v, axis=0) / K + eps)
+        y = (v * rstd).to(out.dtype.element_ty).to(tl.float32) * tl.load(w + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + row * stride_om + cols, y.to(out.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _silu_mul_kernel(y, out, N, stride_ym, stride_om, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < N
+        gate = tl.load(y + row * stride_ym + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(y + row * stride_ym + N + cols, mask=mask, other=0.0).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(out.dtype.element_ty).to(tl.float32)
+        tl.store(out + row * stride_om + cols, (silu * up).to(out.dtype.element_ty), mask=mask)
+
+    _launch_rms_norm = FastLauncher(_rms_norm_kernel)
+    _launch_silu_mul = FastLauncher(_silu_mul_kernel)
+
+
+def _on_triton(t: torch.Tensor) -> bool:
+    return HAS_TRITON and t.is_cuda and t.stride(-1) == 1
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row of the 2-D `x`, scaled by `weight`."""
+    if not _on_triton(x) or x.shape[1] > 32768:
+        return rms_norm_reference(x, weight, eps)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.shape[0]:
+        block = triton.next_power_of_2(x.shape[1])
+        _launch_rms_norm((x.shape[0],), (x, weight.contiguous(), out), (x.shape[1], x.stride(0), out.stride(0), eps),
+                         BLOCK=block, num_warps=min(16, max(1, block // 512)))
+    return out
+
+
+def silu_mul(y: torch.Tensor) -> torch.Tensor:
+    """`silu(y[:, :n]) * y[:, n:]` for the 2-D `y` of `2n` columns."""
+    if not _on_triton(y):
+        return silu_mul_reference(y)
+    n = y.shape[1] // 2
+    out = y.new_empty((y.shape[0], n))
+    if y.shape[0] and n:
+        _launch_silu_mul((y.shape[0], triton.cdiv(n, 1024)), (y, out), (n, y.stride(0), out.stride(0)),
+                         BLOCK=1024, num_warps=4)
+    return out

@@ -1,0 +1,257 @@
+"""Skinny-matmul fusion: each `vgc::skinny_mm` absorbs the RMSNorm before it and the SiLU-and-multiply or residual
+add after it, as one `vgc::skinny_mm_fused` (one launch for a decode step's row, so each layer's Inductor norm and
+activation kernels disappear).
+
+Before, in a decode piece (the post-grad spelling of `x + down(silu(gate) * up)` and of an RMSNorm):
+
+    c = convert(x, f32); r = rsqrt(add(mean(pow(c, 2), [-1], True), eps))
+    n = mul(convert(mul(c, r), bf16), norm_w)              # RMSNorm(x) * norm_w
+    p = vgc.skinny_mm(n, permute(w_gate_up))
+    g, u = split(p, I, -1); s = convert(div(convert(g, f32), add(exp(neg(...)), 1)), bf16); h = mul(s, u)
+    y = add(vgc.skinny_mm(h, permute(w_down)), x)
+
+After:
+
+    h = vgc.skinny_mm_fused(x, permute(w_gate_up), norm_w, eps, None, True)
+    y = vgc.skinny_mm_fused(h, permute(w_down), None, 0.0, x, False)
+
+Matched by structure, so any model whose graph spells these the same way (transformers' Llama-family RMSNorm and
+MLP; `weight * normed` or `normed * weight`; `silu` whole or decomposed; 2-D or flattened 3-D activations) gets it.
+A node is absorbed only when the fused op is its only reader; whatever else is left unread is removed.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from vgc.ops.skinny_mm import DTYPES
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+_CONVERT = prims.convert_element_type.default
+_RESHAPES = (aten.reshape.default, aten.view.default)
+
+
+def options() -> dict:
+    return {}
+
+
+def fuse_skinny_neighbours(graph: fx.Graph) -> int:
+    """Fuse around every `vgc::skinny_mm` of `graph`; returns how many became `vgc::skinny_mm_fused`."""
+    fused = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.vgc.skinny_mm.default and node.users:
+            fused += _fuse(graph, node)
+    if fused:
+        graph.eliminate_dead_code()
+    return fused
+
+
+def _fuse(graph: fx.Graph, mm: fx.Node) -> int:
+    a, b = mm.args
+    norm = _rms_norm_input(a, mm)
+    gated = _silu_mul_of(mm)
+    residual = None if gated else _residual_add_of(mm)
+    if norm is None and gated is None and residual is None:
+        return 0
+    last = gated or residual   # the node the fused op replaces
+    where = last[0] if last else mm
+    with graph.inserting_before(where):
+        x, norm_weight, eps = a, None, 0.0
+        if norm is not None:
+            x, norm_weight, eps, flatten = norm
+            if flatten is not None:   # the normed activations were [B, T, K]: flatten x the same way
+                x = _call(graph, flatten.target, (x, *flatten.args[1:]))
+        r = None
+        if residual is not None:
+            r = residual[1]
+            if residual[2] is not None:
+                r = _call(graph, aten.reshape.default, (r, [-1, _val(mm).shape[1]]))
+        out = _call(graph, torch.ops.vgc.skinny_mm_fused.default, (x, b, norm_weight, float(eps), r, gated is not None))
+        if last and last[2] is not None:   # back to the [B, T, N] the replaced node had
+            out = _call(graph, aten.reshape.default, (out, list(last[2].args[1][:-1]) + [_val(last[0]).shape[-1]]))
+    (last[0] if last else mm).replace_all_uses_with(out)
+    return 1
+
+
+# ---- matchers: each returns None unless the whole pattern is there and its result has no other reader ----
+
+def _is(node, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _only_user(node: fx.Node, user: fx.Node) -> bool:
+    return len(node.users) == 1 and user in node.users
+
+
+def _to_float32(node):
+    """x for `convert(x, f32)` of a bf16/fp16 x, else None."""
+    if _is(node, _CONVERT) and node.args[1] == torch.float32 and getattr(_val(node.args[0]), "dtype", None) in DTYPES:
+        return node.args[0]
+    return None
+
+
+def _last_dim(dims, ndim) -> bool:
+    return isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in (-1, ndim - 1)
+
+
+def _rms_norm_input(a, mm: fx.Node):
+    """(x, norm weight, eps, the reshape between or None) when the matmul's input is `RMSNorm(x) * weight`."""
+    flatten = None
+    if _is(a, *_RESHAPES) and _only_user(a, mm) and len(_val(a.args[0]).shape) > 2:
+        flatten, a = a, a.args[0]
+    if not _is(a, aten.mul.Tensor) or len(a.users) != 1:
+        return None
+    for normed, weight in (a.args, a.args[::-1]):
+        if not _is(normed, _CONVERT) or normed.args[1] not in DTYPES:
+            continue
+        w_val = _val(weight)
+        if not isinstance(w_val, torch.Tensor) or w_val.dim() != 1 or w_val.dtype != normed.args[1]:
+            continue
+        inner = normed.args[0]
+        if not _is(inner, aten.mul.Tensor):
+            continue
+        for c, rstd in (inner.args, inner.args[::-1]):
+            x = _to_float32(c)
+            eps = _rstd_eps(rstd, c)
+            if x is not None and eps is not None and _val(x).dtype == normed.args[1] and \
+                    _val(x).shape[-1] == w_val.shape[0]:
+                return x, weight, eps, flatten
+    return None
+
+
+def _rstd_eps(rstd, c):
+    """eps when `rstd` is `rsqrt(mean(c * c over the last dim, keepdim) + eps)`."""
+    if not _is(rstd, aten.rsqrt.default) or not _is(rstd.args[0], aten.add.Tensor):
+        return None
+    mean, eps = rstd.args[0].args
+    if isinstance(mean, (int, float)):
+        mean, eps = eps, mean
+    if not isinstance(eps, (int, float)) or not _is(mean, aten.mean.dim) or rstd.args[0].kwargs:
+        return None
+    square, dims, keepdim = (list(mean.args) + [False])[:3]
+    if not (keepdim or mean.kwargs.get("keepdim")) or not _last_dim(dims, _val(c).dim()):
+        return None
+    if _is(square, aten.pow.Tensor_Scalar) and square.args == (c, 2):
+        return eps
+    if _is(square, aten.mul.Tensor) and square.args == (c, c):
+        return eps
+    return None
+
+
+def _output_view(mm: fx.Node):
+    """(the matmul's output as its readers see it, the [B, T, N] reshape between or None)."""
+    users = list(mm.users)
+    if len(users) == 1 and _is(users[0], *_RESHAPES):
+        return users[0], users[0]
+    return mm, None
+
+
+def _residual_add_of(mm: fx.Node):
+    """(the add, the residual, the reshape or None) for `mm + residual` of equal shapes and dtype."""
+    y, view = _output_view(mm)
+    users = list(y.users)
+    if len(users) != 1 or not _is(users[0], aten.add.Tensor) or users[0].kwargs or len(users[0].users) == 0:
+        return None
+    add = users[0]
+    other = add.args[1] if add.args[0] is y else add.args[0]
+    if other is y or not isinstance(other, fx.Node):
+        return None
+    o_val, y_val = _val(other), _val(y)
+    if not isinstance(o_val, torch.Tensor) or o_val.dtype != y_val.dtype or tuple(o_val.shape) != tuple(y_val.shape):
+        return None
+    return add, other, view
+
+
+def _halves(y: fx.Node, columns):
+    """(gate, up) when every reader of `y` takes its first or its second half of `columns` on the last dim."""
+    half = columns // 2
+    users = list(y.users)
+    last = _val(y).dim() - 1
+    if len(users) == 1 and _is(users[0], aten.split.Tensor, aten.split_with_sizes.default):
+        split = users[0]
+        sizes, dim = (list(split.args) + [0])[1:3]
+        if dim not in (-1, last) or sizes not in (half, [half, half]):
+            return None
+        parts = {u.args[1]: u for u in split.users if u.target is operator.getitem}
+        if len(parts) != 2 or len(split.users) != 2:
+            return None
+        return parts[0], parts[1]
+    if len(users) != 2:
+        return None
+    found = {}
+    for user in users:
+        if not _is(user, aten.slice.Tensor) or user.args[1] not in (-1, last) or len(user.args) < 4:
+            return None
+        start, end = user.args[2], user.args[3]
+        step = user.args[4] if len(user.args) > 4 else 1
+        if step != 1:
+            return None
+        if start == 0 and end == half:
+            found[0] = user
+        elif start == half and end >= columns:
+            found[1] = user
+    return (found[0], found[1]) if len(found) == 2 else None
+
+
+def _silu_of(node):
+    """g when `node` is silu(g) rounded back to g's dtype: aten.silu, or its decompositions."""
+    if _is(node, aten.silu.default):
+        return node.args[0]
+    if not _is(node, _CONVERT) or node.args[1] not in DTYPES:
+        return None
+    inner = node.args[0]
+    if _is(inner, aten.div.Tensor):
+        c, denominator = inner.args
+        if _is(denominator, aten.add.Tensor) and 1 in denominator.args:
+            exp = denominator.args[0] if denominator.args[1] == 1 else denominator.args[1]
+            if _is(exp, aten.exp.default) and _is(exp.args[0], aten.neg.default) and exp.args[0].args[0] is c:
+                return _to_float32(c)
+    if _is(inner, aten.mul.Tensor):
+        for c, sig in (inner.args, inner.args[::-1]):
+            if _is(sig, aten.sigmoid.default) and sig.args[0] is c:
+                return _to_float32(c)
+    return None
+
+
+def _silu_mul_of(mm: fx.Node):
+    """(the product, None, the reshape or None) for `silu(p[..., :n]) * p[..., n:]` of the matmul's output p."""
+    y, view = _output_view(mm)
+    columns = _val(mm).shape[1]
+    if not isinstance(columns, int) or columns % 2:
+        return None
+    halves = _halves(y, columns)
+    if halves is None:
+        return None
+    gate, up = halves
+    if len(gate.users) != 1 or len(up.users) != 1:
+        return None
+    product = next(iter(up.users))
+    if not _is(product, aten.mul.Tensor) or len(product.args) != 2 or up not in product.args:
+        return None
+    silu = product.args[0] if product.args[1] is up else product.args[1]
+    if _silu_of(silu) is not gate or _val(silu).dtype != _val(mm).dtype:
+        return None
+    # The silu chain may only feed the product (its intermediate nodes die with it).
+    if len(silu.users) != 1:
+        return None
+    return product, None, view
+
+
+def _call(graph: fx.Graph, target, args) -> fx.Node:
+    """A new node with its `val` computed as Inductor's own passes do: the target run on the fake values."""
+    node = graph.call_function(target, tuple(args))
+    fake_args = [_val(a) if isinstance(a, fx.Node) else a for a in args]
+    fake_args = [[_val(x) if isinstance(x, fx.Node) else x for x in a] if isinstance(a, list) else a
+                 for a in fake_args]
+    mode = next((v.fake_mode for v in fake_args if hasattr(v, "fake_mode")), None)
+    with mode:
+        node.meta["val"] = target(*fake_args)
+    return node
