@@ -9,7 +9,11 @@ Then the chain a decode step runs: 16 layers of qkv -> o -> gate/up -> down, eac
 captured in one graph: cuBLAS, vgc's kernels with ordinary launches, and vgc's kernels as programmatic dependent
 launches (PDL), against the time to copy the same weights once.
 
-    PYTHONPATH=. python benchmarks/sweep_skinny_mm.py [--json out.json] [--rows 1,2,4,8]
+With `--fused`, the same for the one-row launches that carry their neighbours (what the `skinny_matmul_fusion`
+pass makes): qkv and gate/up with the RMSNorm before them (gate/up also gating: SiLU-and-multiply), o and down with
+the residual add; the winners printed as `FUSED_TILES`; and the decode chain with them.
+
+    PYTHONPATH=. python benchmarks/sweep_skinny_mm.py [--json out.json] [--rows 1,2,4,8] [--fused]
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import torch
 
 from vgc.bench.timing import copy_bandwidth_gbs
 from vgc.ops import triton_skinny_mm
-from vgc.ops.triton_skinny_mm import GEMV_MAX_M, Tile, choose_tile, skinny_mm_into
+from vgc.ops.triton_skinny_mm import ADD_RESIDUAL, GEMV_MAX_M, PLAIN, SILU_MUL, Tile, choose_tile, skinny_mm_into
 
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}   # (N, K)
+# The fused launches a Llama layer makes: (shape, RMSNorm before, epilogue)
+FUSED = {"qkv": ("qkv", True, PLAIN), "o": ("o", False, ADD_RESIDUAL), "gate_up": ("gate_up", True, SILU_MUL),
+         "down": ("down", False, ADD_RESIDUAL)}
 
 
 def gemv_grid(block_m: int) -> list[tuple[int, int, int, int]]:
@@ -59,7 +66,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--rows", default="1,2,4,8",
-                        help="row counts of `a`, at most GEMV_MAX_M (default: %(default)s)")
+                        help="row counts of `a`, at most GEMV_MAX_M; 'none': no plain sweep (default: %(default)s)")
+    parser.add_argument("--fused", action="store_true", help="also sweep the fused one-row launches")
     args = parser.parse_args()
     copy_gbs = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy_gbs:.0f} GB/s")
@@ -69,7 +77,7 @@ def main() -> None:
         nbytes = n * k * 2
         copies = max(2, -(-(200 << 20) // nbytes))   # > 200 MiB of weights per cycle: beyond the L2
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        for m in [int(r) for r in args.rows.split(",")]:
+        for m in [] if args.rows == "none" else [int(r) for r in args.rows.split(",")]:
             a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             cublas = graph_us(lambda i: torch.mm(a, weights[i].t(), out=out), copies)
@@ -108,16 +116,69 @@ def main() -> None:
     triton_skinny_mm.GEMV_TILES.update(best_gemv)   # the chain runs the winners
     print("GEMV_TILES = {" + "".join(f"\n    {key}: Tile{tuple(t.__dict__.values())}," for key, t in best_gemv.items())
           + "\n}")
-    chain = chain_us()
+    best_fused = sweep_fused() if args.fused else {}
+    triton_skinny_mm.FUSED_TILES.update(best_fused)
+    chain = chain_us(fused=args.fused)
     chain["floor_us"] = sum(n * k * 2 for n, k in SHAPES.values()) * 16 / copy_gbs / 1e3
     print("decode chain, 16 layers x 4 products, one row: " + ", ".join(f"{k} {v:.1f} us" for k, v in chain.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_gbs": copy_gbs, "products": results, "chain_us": chain,
-                       "gemv_tiles": [[list(key), t.__dict__] for key, t in best_gemv.items()]}, f, indent=1)
+                       "gemv_tiles": [[list(key), t.__dict__] for key, t in best_gemv.items()],
+                       "fused_tiles": [[list(key), t.__dict__] for key, t in best_fused.items()]}, f, indent=1)
 
 
-def chain_us(layers: int = 16) -> dict[str, float]:
+def sweep_fused() -> dict[tuple, Tile]:
+    """Each fused launch of a layer over the tile grid at one row; prints the winners against the plain launch."""
+    best = {}
+    for name, (shape, norm, epilogue) in FUSED.items():
+        n, k = SHAPES[shape]
+        nbytes = n * k * 2
+        copies = max(2, -(-(200 << 20) // nbytes))
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(copies)]
+        a = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        norm_w = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5 if norm else None
+        out_n = n // 2 if epilogue == SILU_MUL else n
+        out = torch.empty(1, out_n, device="cuda", dtype=torch.bfloat16)
+        residual = torch.randn(1, out_n, device="cuda", dtype=torch.bfloat16) if epilogue == ADD_RESIDUAL else None
+        x = a.double()
+        if norm:
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w.double()
+        ref = x @ weights[0].double().t()
+        if epilogue == SILU_MUL:
+            ref = torch.nn.functional.silu(ref[:, :out_n]) * ref[:, out_n:]
+        elif epilogue == ADD_RESIDUAL:
+            ref = ref + residual.double()
+
+        def launch(i, tile):
+            skinny_mm_into(out, a, weights[i].t(), tile, norm_weight=norm_w, eps=1e-5, epilogue=epilogue,
+                           residual=residual)
+
+        tiles = []
+        for tile in [Tile(1, *t) for t in gemv_grid(1) if t[0] <= 8 and t[1] <= 1024]:
+            try:
+                launch(0, tile)
+                torch.cuda.synchronize()
+                err = (out.double() - ref).abs().max().item() / ref.abs().max().item()
+                if err > 2e-2:
+                    print(f"  fused {name} {tile}: wrong (rel err {err:.3g})")
+                    continue
+                tiles.append((graph_us(lambda i: launch(i, tile), copies), tile))
+            except Exception as e:   # noqa: BLE001 - a tile that does not fit
+                print(f"  fused {name} {tile}: {type(e).__name__}")
+        tiles.sort(key=lambda t: t[0])
+        best[(n, k, norm, epilogue)] = tiles[0][1]
+        plain = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        plain_us = graph_us(lambda i: skinny_mm_into(plain, a, weights[i].t()), copies)
+        print(f"fused {name:8s} best {tiles[0][0]:7.2f} us {nbytes / tiles[0][0] / 1e3:6.0f} GB/s {tiles[0][1]}"
+              f" | plain launch {plain_us:7.2f} us | top3 " + "; ".join(f"{us:.2f} {t}" for us, t in tiles[1:3]),
+              flush=True)
+    print("FUSED_TILES = {" + "".join(f"\n    {key}: Tile{tuple(t.__dict__.values())}," for key, t in best.items())
+          + "\n}")
+    return best
+
+
+def chain_us(layers: int = 16, fused: bool = False) -> dict[str, float]:
     """Device µs of one decode step's products (one row), each reading the previous one's output, in one graph."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = [[torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k ** -0.5
@@ -138,6 +199,24 @@ def chain_us(layers: int = 16) -> dict[str, float]:
             return out
         return mm
 
+    norm_w = torch.rand(2048, device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5
+
+    def fused_step(pdl):
+        # A layer as the fusion pass leaves it: norm+qkv, o+residual, norm+gate/up+gate, down+residual
+        def run():
+            h = x
+            for qkv, o, gate_up, down in weights:
+                q = torch.empty(1, 3072, device="cuda", dtype=torch.bfloat16)
+                skinny_mm_into(q, h, qkv.t(), pdl=pdl, norm_weight=norm_w, eps=1e-5)
+                h2 = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
+                skinny_mm_into(h2, q[:, :2048], o.t(), pdl=pdl, epilogue=ADD_RESIDUAL, residual=h)
+                act = torch.empty(1, 8192, device="cuda", dtype=torch.bfloat16)
+                skinny_mm_into(act, h2, gate_up.t(), pdl=pdl, norm_weight=norm_w, eps=1e-5, epilogue=SILU_MUL)
+                h = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
+                skinny_mm_into(h, act, down.t(), pdl=pdl, epilogue=ADD_RESIDUAL, residual=h2)
+            return h
+        return run
+
     reference = step(torch.mm).float()
     times = {}
     for name, mm in (("cublas", torch.mm), ("vgc", ours(False)), ("vgc pdl", ours(True))):
@@ -145,6 +224,9 @@ def chain_us(layers: int = 16) -> dict[str, float]:
         error = ((got - reference).norm() / reference.norm()).item()
         print(f"  chain {name}: relative error against cuBLAS {error:.2e}")
         times[name] = graph_us(lambda i: step(mm), 1, calls=4)
+    if fused:   # the same bytes and also each layer's norms, gate and residual adds (a copy per layer included)
+        for name, run in (("vgc fused", fused_step(False)), ("vgc fused pdl", fused_step(True))):
+            times[name] = graph_us(lambda i: run(), 1, calls=4)
     return times
 
 

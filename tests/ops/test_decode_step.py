@@ -9,8 +9,9 @@ import torch
 
 import vgc
 from vgc.models import llama
-from vgc.ops.skinny_mm import MAX_M, uses_kernel
-from vgc.ops.triton_skinny_mm import skinny_mm_into
+from vgc.ops import triton_rows
+from vgc.ops.skinny_mm import MAX_M, uses_fused_kernel, uses_kernel
+from vgc.ops.triton_skinny_mm import ADD_RESIDUAL, SILU_MUL, skinny_mm_into
 from conftest import FP32_TOL, triton_device
 
 attention_module = importlib.import_module("vgc.ops.attention")   # vgc.ops.attention is also the op's name
@@ -95,6 +96,43 @@ def test_the_skinny_mm_kernel_matches_a_float32_product(m, monkeypatch):
             torch.testing.assert_close(out.float(), expected, atol=0.05 * expected.abs().max().item(), rtol=0)
 
 
+def _fused_reference(a, w, norm_weight, eps, residual, silu_mul):
+    """`vgc::skinny_mm_fused` in float64."""
+    x = a.double()
+    if norm_weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.double()
+    p = x @ w.double().t()
+    if silu_mul:
+        gate, up = p.chunk(2, dim=-1)
+        p = torch.nn.functional.silu(gate) * up
+    return p if residual is None else p + residual.double()
+
+
+@pytest.mark.parametrize("norm,silu_mul,add", [(True, False, False), (False, False, True), (True, True, False),
+                                               (False, True, False), (True, True, True)])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_fused_skinny_mm_matches_a_float64_reference(norm, silu_mul, add, rows, monkeypatch):
+    """One row runs the fused kernel (CUDA, or Triton's interpreter on the CPU); more rows, or no Triton, run the
+    parts one after another. Both against float64, the weight's rows in a (2048, 512) and an odd (48, 70) shape."""
+    monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
+    device = triton_device() or "cpu"
+    dtypes = (torch.float16, torch.bfloat16) if device == "cuda" else (torch.float16,)
+    gen = torch.Generator(device=device).manual_seed(rows)
+    for dtype in dtypes:
+        for n, k in ((2048, 512), (48, 70)):
+            a = torch.randn(rows, k, generator=gen, device=device).to(dtype)
+            w = (torch.randn(n, k, generator=gen, device=device) * k ** -0.5).to(dtype)
+            norm_weight = (torch.rand(k, generator=gen, device=device) + 0.5).to(dtype) if norm else None
+            out_n = n // 2 if silu_mul else n
+            residual = torch.randn(rows, out_n, generator=gen, device=device).to(dtype) if add else None
+            if rows == 1 and triton_device() is not None:
+                assert uses_fused_kernel(a, w.t(), norm_weight, residual)
+            got = torch.ops.vgc.skinny_mm_fused(a, w.t(), norm_weight, 1e-5, residual, silu_mul)
+            expected = _fused_reference(a, w, norm_weight, 1e-5, residual, silu_mul)
+            assert got.shape == expected.shape and got.dtype == dtype
+            torch.testing.assert_close(got.double(), expected, atol=0.02 * expected.abs().max().item(), rtol=0.02)
+
+
 def test_skinny_mm_falls_back_to_torch_mm_outside_its_shapes():
     w = torch.randn(24, 16, dtype=torch.bfloat16)
     for a, b in ((torch.randn(MAX_M + 1, 16, dtype=torch.bfloat16), w.t()),   # too many rows
@@ -135,11 +173,52 @@ def test_the_skinny_matmuls_pass_rewrites_small_matmuls_and_leaves_large_ones(no
     assert "vgc.skinny_mm" not in large and "aten.addmm" in large and "aten.mm" in large
 
 
+class _GatedBlock(torch.nn.Module):
+    """A Llama MLP block: RMSNorm, gate/up, SiLU-and-multiply, down, residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.Parameter(torch.rand(32, dtype=torch.float16) + 0.5)
+        self.gate_up = torch.nn.Linear(32, 128, bias=False, dtype=torch.float16)
+        self.down = torch.nn.Linear(64, 32, bias=False, dtype=torch.float16)
+
+    def forward(self, x):
+        x32 = x.float()
+        normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * self.norm
+        gate, up = self.gate_up(normed).chunk(2, dim=-1)
+        return x + self.down(torch.nn.functional.silu(gate) * up)
+
+
+def test_the_fusion_pass_puts_the_norm_gate_and_residual_into_the_matmuls_inductor_compiles(no_cache, monkeypatch,
+                                                                                          tmp_path):
+    """Through Inductor: a call with one row gets two fused matmuls and no norm or activation kernel of Inductor's;
+    a call with more rows than MAX_M keeps aten's graph. Outputs equal eager either way."""
+    monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
+    monkeypatch.setenv("VGC_DEBUG_DUMP_PATH", str(tmp_path))
+    torch.manual_seed(0)
+    model = _GatedBlock().eval()
+    compiled = torch.compile(model, backend="vgc", dynamic=False, options={
+        "pass_config": {"skinny_matmuls": True, "skinny_matmul_fusion": True},
+        "inductor_compile_config": {"fx_graph_cache": False}})
+    with torch.no_grad():
+        for rows in (1, 40):
+            x = torch.randn(rows, 32, dtype=torch.float16)
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-3, rtol=2e-3)
+    after = sorted(p for p in tmp_path.iterdir() if "after-skinny_matmul_fusion" in p.name)
+    assert len(after) == 2, [p.name for p in tmp_path.iterdir()]
+    one_row, many = (p.read_text() for p in after)
+    assert one_row.count("vgc.skinny_mm_fused.default]") == 2, one_row
+    assert "aten.mean" not in one_row and "aten.exp" not in one_row and "vgc.skinny_mm.default" not in one_row
+    assert "skinny_mm" not in many and "aten.mean" in many
+
+
 def test_the_skinny_matmuls_pass_is_on_by_default_and_keyed_by_what_it_does(monkeypatch):
     from vgc.passes.manager import pass_manager
 
     default = pass_manager(vgc.CompilationConfig().pass_config, {})
     assert [p.name for p in default.passes] == ["skinny_matmuls"]   # measured faster (docs/benchmarks.md)
+    fusing = pass_manager(vgc.CompilationConfig(pass_config={"skinny_matmul_fusion": True}).pass_config, {})
+    assert [p.name for p in fusing.passes] == ["skinny_matmuls", "skinny_matmul_fusion"]   # in this order
     assert pass_manager(vgc.CompilationConfig(pass_config={"skinny_matmuls": False}).pass_config, {}) is None
     on = pass_manager({"skinny_matmuls": True}, {}).uuid()
     monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
@@ -147,7 +226,8 @@ def test_the_skinny_matmuls_pass_is_on_by_default_and_keyed_by_what_it_does(monk
 
 
 @pytest.mark.gpu
-def test_the_decoder_with_skinny_matmuls_equals_eager_in_every_graph_mode(no_cache):
+@pytest.mark.parametrize("fusion", [False, True])
+def test_the_decoder_with_skinny_matmuls_equals_eager_in_every_graph_mode(no_cache, fusion):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     cfg = llama.tiny_config()
@@ -157,7 +237,8 @@ def test_the_decoder_with_skinny_matmuls_equals_eager_in_every_graph_mode(no_cac
     kv = llama.make_kv_caches(cfg, "cuda")
     compiled = vgc.compile(model, config=vgc.CompilationConfig(
         cudagraph_mode="full_and_piecewise", cudagraph_capture_sizes=[1, 4, 8, 16],
-        pass_config={"skinny_matmuls": True}, inductor_compile_config={"fx_graph_cache": False}),
+        pass_config={"skinny_matmuls": True, "skinny_matmul_fusion": fusion},
+        inductor_compile_config={"fx_graph_cache": False}),
         pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
     compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),
                     make_decode_inputs=lambda n: llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv))
@@ -208,3 +289,44 @@ def test_kernels_chained_by_programmatic_dependent_launch_give_the_bits_of_ordin
                          else reference.repeat(1, w.shape[1] // reference.shape[1]))
         reference = (reference.bfloat16().float() @ w.float().t()).bfloat16().float()
     torch.testing.assert_close(expected.float(), reference, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+def test_fused_kernels_chained_by_programmatic_dependent_launch_give_the_bits_of_ordinary_launches():
+    """A decode step's MLPs as the fusion pass leaves them (norm + gate/up + SiLU-and-multiply, then down + the
+    residual), sixteen layers replayed in one CUDA graph: the residual each reads was written two kernels back."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a CUDA GPU with programmatic dependent launch (sm_90 or later)")
+    gen = torch.Generator(device="cuda").manual_seed(47)
+    layers = [((torch.randn(16384, 2048, device="cuda", generator=gen) * 2048 ** -0.5).bfloat16(),
+               (torch.randn(2048, 8192, device="cuda", generator=gen) * 8192 ** -0.5).bfloat16(),
+               (torch.rand(2048, device="cuda", generator=gen) + 0.5).bfloat16()) for _ in range(16)]
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def chain(pdl):
+        h = x
+        for w_gate_up, w_down, norm_w in layers:
+            act = torch.empty(1, 8192, device="cuda", dtype=torch.bfloat16)
+            skinny_mm_into(act, h, w_gate_up.t(), pdl=pdl, norm_weight=norm_w, eps=1e-5, epilogue=SILU_MUL)
+            out = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
+            skinny_mm_into(out, act, w_down.t(), pdl=pdl, epilogue=ADD_RESIDUAL, residual=h)
+            h = out
+        return h
+
+    expected = chain(False)
+    chain(True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain(True)
+    for _ in range(20):
+        got.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, expected)
+    reference = x.double()
+    for w_gate_up, w_down, norm_w in layers:
+        normed = reference * torch.rsqrt(reference.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w.double()
+        gate, up = (normed @ w_gate_up.double().t()).chunk(2, dim=-1)
+        reference = reference + (torch.nn.functional.silu(gate) * up) @ w_down.double().t()
+    torch.testing.assert_close(expected.double(), reference, atol=0.05 * reference.abs().max().item(), rtol=0.05)

@@ -45,12 +45,21 @@ def _pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-def choose_tile(m: int, n: int, k: int, gated: bool = False) -> Tile:
-    """The launch shape for an `[m, k] @ [k, n]` product, `m <= GEMV_MAX_M`: the sweep's where it measured one.
-    `gated` (SILU_MUL): each program reads two weight rows per output column, so half as many columns."""
+# What a one-row launch fuses around its product (the kernel's `EPILOGUE`).
+PLAIN, ADD_RESIDUAL, SILU_MUL = 0, 1, 2
+
+
+def choose_tile(m: int, n: int, k: int, norm: bool = False, epilogue: int = PLAIN) -> Tile:
+    """The launch shape for an `[m, k] @ [k, n]` product, `m <= GEMV_MAX_M` (`n`: the weight's columns, so twice
+    the output's under SILU_MUL): the sweep's where it measured one. Without a fused entry, a SILU_MUL launch takes
+    the plain tile with half the output columns per program (each reads two weight rows per column)."""
+    if norm or epilogue != PLAIN:
+        tile = FUSED_TILES.get((n, k, norm, epilogue))
+        if tile is not None:
+            return tile
     block_m = _pow2(m)
     tile = GEMV_TILES.get((block_m, n, k)) or default_tile(block_m, n, k)
-    if gated:
+    if epilogue == SILU_MUL:
         tile = Tile(tile.block_m, max(1, tile.block_n // 2), tile.block_k, tile.num_warps, tile.num_stages)
     return tile
 
@@ -72,6 +81,10 @@ GEMV_TILES: dict[tuple[int, int, int], Tile] = {
     (1, 16384, 2048): Tile(1, 4, 256, num_warps=2, num_stages=1),
     (1, 2048, 8192): Tile(1, 1, 512, num_warps=4, num_stages=1),
 }
+
+# One-row launches with neighbours fused, by (the weight's N, K, norm, epilogue); where none is measured, the plain
+# tile (above) serves.
+FUSED_TILES: dict[tuple[int, int, bool, int], Tile] = {}
 
 
 if HAS_TRITON:
@@ -145,10 +158,6 @@ if HAS_TRITON:
     _launch = FastLauncher(_gemv_kernel)
 
 
-# What a one-row launch fuses around its product (the `EPILOGUE` constexpr).
-PLAIN, ADD_RESIDUAL, SILU_MUL = 0, 1, 2
-
-
 def skinny_mm_into(out, a, b, tile: Tile | None = None, pdl: bool = False, norm_weight=None, eps: float = 0.0,
                    epilogue: int = PLAIN, residual=None) -> None:
     """`out = a @ b` with the kernel (`a` has at most `GEMV_MAX_M` rows); `tile` overrides `choose_tile` (the sweep
@@ -166,7 +175,7 @@ def skinny_mm_into(out, a, b, tile: Tile | None = None, pdl: bool = False, norm_
     fused = norm_weight is not None or epilogue != PLAIN
     assert not fused or m == 1, "fused neighbours take one row"
     assert b.shape[1] == (2 * n if epilogue == SILU_MUL else n), (tuple(b.shape), tuple(out.shape))
-    tile = tile or choose_tile(m, b.shape[1] if epilogue == SILU_MUL else n, k, gated=epilogue == SILU_MUL)
+    tile = tile or choose_tile(m, b.shape[1], k, norm_weight is not None, epilogue)
     assert m <= tile.block_m <= GEMV_MAX_M, f"{m} rows in a tile of {tile.block_m}"
     residual = out if residual is None else residual
     _launch((triton.cdiv(n, tile.block_n),), (a, b, out, a if norm_weight is None else norm_weight, residual),

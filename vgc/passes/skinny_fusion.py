@@ -41,6 +41,7 @@ def options() -> dict:
 
 def fuse_skinny_neighbours(graph: fx.Graph) -> int:
     """Fuse around every `vgc::skinny_mm` of `graph`; returns how many became `vgc::skinny_mm_fused`."""
+    graph.eliminate_dead_code()   # a dead reader would hide a pattern (Inductor's graphs have none; traced ones may)
     fused = 0
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.vgc.skinny_mm.default and node.users:

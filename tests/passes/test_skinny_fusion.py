@@ -1,0 +1,122 @@
+"""The skinny_matmul_fusion pass on graphs as Inductor hands them over (ATen, Inductor's decompositions): what it
+fuses into `vgc::skinny_mm_fused`, what it must leave alone, and that the rewritten graph computes the same."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._inductor.decomposition import select_decomp_table
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from vgc.passes.skinny_fusion import fuse_skinny_neighbours
+from vgc.passes.skinny_matmul import use_skinny_matmuls
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _skinny_on_cpu(monkeypatch):
+    monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")   # the pass rewrites CPU graphs; the op runs its row path
+
+
+def _rms_norm(x, w, eps=1e-6, weight_first=False):
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return w * normed if weight_first else normed * w
+
+
+def _fused(fn, *args):
+    """fn traced as Inductor sees it, after skinny_matmuls and this pass: (graph module, the fused ops' args)."""
+    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    gm.graph.eliminate_dead_code()
+    use_skinny_matmuls(gm.graph)
+    fuse_skinny_neighbours(gm.graph)
+    gm.recompile()
+    fused = [n.args[2:] for n in gm.graph.nodes if n.target is torch.ops.vgc.skinny_mm_fused.default]
+    return gm, fused
+
+
+def _weights(*shapes, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=gen, dtype=torch.float32).mul(shape[-1] ** -0.5).to(BF16) for shape in shapes]
+
+
+def _kinds(fused):
+    """Per fused op: ('norm' if it normalises, 'silu' if it gates, 'add' if it adds a residual)."""
+    return [tuple(k for k, on in (("norm", a[0] is not None), ("silu", a[3]), ("add", a[2] is not None)) if on)
+            for a in fused]
+
+
+def test_a_llama_mlp_block_becomes_two_fused_matmuls_computing_the_same():
+    x = torch.randn(1, 64, dtype=BF16)
+    norm_w = torch.rand(64, dtype=BF16) + 0.5
+    w_gate_up, w_down = _weights((256, 64), (64, 128))
+
+    def block(x, norm_w, w_gate_up, w_down):
+        gate, up = F.linear(_rms_norm(x, norm_w), w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w_down)
+
+    gm, fused = _fused(block, x, norm_w, w_gate_up, w_down)
+    assert _kinds(fused) == [("norm", "silu"), ("add",)]
+    assert fused[0][1] == 1e-6
+    ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.mean.dim not in ops and torch.ops.vgc.skinny_mm.default not in ops   # nothing left over
+    torch.testing.assert_close(gm(x, norm_w, w_gate_up, w_down), block(x, norm_w, w_gate_up, w_down),
+                               atol=2e-2, rtol=2e-2)
+
+
+def test_transformers_spelling_three_dims_weight_first_narrowed_halves_and_residual_first():
+    """transformers' Llama: [B, T, H] activations, `weight * normed`, gate/up as narrows of one fused linear
+    (vgc's sibling fusion), `residual + out`; and qkv with only a norm before it."""
+    x = torch.randn(1, 1, 64, dtype=BF16)
+    norm_w = torch.rand(64, dtype=BF16) + 0.5
+    w_qkv, w_gate_up, w_down = _weights((96, 64), (256, 64), (64, 128))
+
+    def layer(x, norm_w, w_qkv, w_gate_up, w_down):
+        qkv = F.linear(_rms_norm(x, norm_w, weight_first=True), w_qkv)
+        both = F.linear(_rms_norm(x, norm_w, eps=1e-5, weight_first=True), w_gate_up)
+        gate, up = both.narrow(-1, 0, 128), both.narrow(-1, 128, 128)
+        return qkv, x + F.linear(F.silu(gate) * up, w_down)
+
+    gm, fused = _fused(layer, x, norm_w, w_qkv, w_gate_up, w_down)
+    assert sorted(_kinds(fused)) == [("add",), ("norm",), ("norm", "silu")]
+    for got, want in zip(gm(x, norm_w, w_qkv, w_gate_up, w_down), layer(x, norm_w, w_qkv, w_gate_up, w_down)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_what_has_another_reader_or_another_shape_is_left_alone():
+    x = torch.randn(1, 64, dtype=BF16)
+    norm_w = torch.rand(64, dtype=BF16) + 0.5
+    bias = torch.randn(64, dtype=BF16)
+    w_up, w_mixed, w_down = _weights((256, 64), (192, 64), (64, 128))
+
+    def block(x, norm_w, bias, w_up, w_mixed, w_down):
+        normed = _rms_norm(x, norm_w)
+        both = F.linear(normed, w_up)                      # normed read twice (here and below): no norm fusion
+        gate, up = both.chunk(2, dim=-1)
+        activated = F.silu(gate)
+        mixed = F.linear(normed, w_mixed).split([64, 128], dim=-1)     # unequal halves: not a gate
+        down = F.linear(activated * up, w_down)
+        return down + bias, activated.sum(), mixed[0] * 2            # a broadcast add; silu read elsewhere
+
+    gm, fused = _fused(block, x, norm_w, bias, w_up, w_mixed, w_down)
+    assert fused == []
+    for got, want in zip(gm(x, norm_w, bias, w_up, w_mixed, w_down), block(x, norm_w, bias, w_up, w_mixed, w_down)):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_many_rows_run_the_fused_op_in_parts_with_the_same_result():
+    """A symbolic-size piece takes prefills through the same fused op: more rows than the kernel's run the norm,
+    product, gate and add as separate steps."""
+    norm_w = torch.rand(64, dtype=BF16) + 0.5
+    w_gate_up, w_down = _weights((256, 64), (64, 128), seed=1)
+
+    def block(x, norm_w, w_gate_up, w_down):
+        gate, up = F.linear(_rms_norm(x, norm_w), w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w_down)
+
+    gm, fused = _fused(block, torch.randn(1, 64, dtype=BF16), norm_w, w_gate_up, w_down)
+    assert len(fused) == 2
+    x = torch.randn(7, 64, dtype=BF16)
+    torch.testing.assert_close(gm(x, norm_w, w_gate_up, w_down), block(x, norm_w, w_gate_up, w_down),
+                               atol=2e-2, rtol=2e-2)
