@@ -55,8 +55,9 @@ class CompiledModel:
         self.dynamic_arg_dims = dynamic_arg_dims
         self.pad_values = None if pad_values is None else dict(pad_values)
         self.uniform_decode = uniform_decode
-        if self.config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE and uniform_decode is None:
-            raise ValueError("cudagraph_mode FULL_AND_PIECEWISE needs uniform_decode=<predicate on the call's "
+        mode = self.config.cudagraph_mode
+        if mode.has_full and mode.has_piecewise and uniform_decode is None:
+            raise ValueError(f"cudagraph_mode {mode.name} needs uniform_decode=<predicate on the call's "
                              "arguments> to tell decode batches (FULL graph) from the rest (PIECEWISE)")
         self.backend = TraceOnceBackend(self.config)
         self._forward = forward
