@@ -56,7 +56,7 @@ class CompiledModel:
         self.pad_values = None if pad_values is None else dict(pad_values)
         self.uniform_decode = uniform_decode
         mode = self.config.cudagraph_mode
-        if mode.has_full and mode.has_piecewise and uniform_decode is None:
+        if mode is not None and mode.has_full and mode.has_piecewise and uniform_decode is None:
             raise ValueError(f"cudagraph_mode {mode.name} needs uniform_decode=<predicate on the call's "
                              "arguments> to tell decode batches (FULL graph) from the rest (PIECEWISE)")
         self.backend = TraceOnceBackend(self.config)
