@@ -10,8 +10,8 @@ captured in one graph: cuBLAS, vgc's kernels with ordinary launches, and vgc's k
 launches (PDL), against the time to copy the same weights once.
 
 With `--fused`, the same for the one-row launches that carry their neighbours (what the `skinny_matmul_fusion`
-pass makes): qkv and gate/up with the RMSNorm before them (gate/up also gating: SiLU-and-multiply), o and down with
-the residual add; the winners printed as `FUSED_TILES`; and the decode chain with them.
+pass makes): qkv and gate/up with the residual add and RMSNorm before them (gate/up also gating:
+SiLU-and-multiply); the winners printed as `FUSED_TILES`; and the decode chain with them.
 
     PYTHONPATH=. python benchmarks/sweep_skinny_mm.py [--json out.json] [--rows 1,2,4,8] [--fused]
 """
@@ -26,12 +26,11 @@ import torch
 
 from vgc.bench.timing import copy_bandwidth_gbs
 from vgc.ops import triton_skinny_mm
-from vgc.ops.triton_skinny_mm import ADD_RESIDUAL, GEMV_MAX_M, PLAIN, SILU_MUL, Tile, choose_tile, skinny_mm_into
+from vgc.ops.triton_skinny_mm import GEMV_MAX_M, Tile, choose_tile, skinny_mm_into
 
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}   # (N, K)
-# The fused launches a Llama layer makes: (shape, RMSNorm before, epilogue)
-FUSED = {"qkv": ("qkv", True, PLAIN), "o": ("o", False, ADD_RESIDUAL), "gate_up": ("gate_up", True, SILU_MUL),
-         "down": ("down", False, ADD_RESIDUAL)}
+# The fused launches a Llama layer makes (residual add + RMSNorm + product): (shape, gated)
+FUSED = {"qkv": ("qkv", False), "gate_up": ("gate_up", True)}
 
 
 def gemv_grid(block_m: int) -> list[tuple[int, int, int, int]]:
@@ -131,28 +130,23 @@ def main() -> None:
 def sweep_fused() -> dict[tuple, Tile]:
     """Each fused launch of a layer over the tile grid at one row; prints the winners against the plain launch."""
     best = {}
-    for name, (shape, norm, epilogue) in FUSED.items():
+    for name, (shape, gated) in FUSED.items():
         n, k = SHAPES[shape]
         nbytes = n * k * 2
         copies = max(2, -(-(200 << 20) // nbytes))
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(copies)]
-        a = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        norm_w = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5 if norm else None
-        out_n = n // 2 if epilogue == SILU_MUL else n
-        out = torch.empty(1, out_n, device="cuda", dtype=torch.bfloat16)
-        residual = torch.randn(1, out_n, device="cuda", dtype=torch.bfloat16) if epilogue == ADD_RESIDUAL else None
-        x = a.double()
-        if norm:
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w.double()
-        ref = x @ weights[0].double().t()
-        if epilogue == SILU_MUL:
+        a, residual = (torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        norm_w = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+        out_n = n // 2 if gated else n
+        out, h = torch.empty(1, out_n, device="cuda", dtype=torch.bfloat16), torch.empty_like(a)
+        x = a.double() + residual.double()
+        ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w.double() @ weights[0].double().t()
+        if gated:
             ref = torch.nn.functional.silu(ref[:, :out_n]) * ref[:, out_n:]
-        elif epilogue == ADD_RESIDUAL:
-            ref = ref + residual.double()
 
         def launch(i, tile):
-            skinny_mm_into(out, a, weights[i].t(), tile, norm_weight=norm_w, eps=1e-5, epilogue=epilogue,
-                           residual=residual)
+            skinny_mm_into(out, a, weights[i].t(), tile, norm_weight=norm_w, eps=1e-5, gated=gated,
+                           residual=residual, h=h)
 
         tiles = []
         for tile in [Tile(1, *t) for t in gemv_grid(1) if t[0] <= 8 and t[1] <= 1024]:
@@ -167,7 +161,7 @@ def sweep_fused() -> dict[tuple, Tile]:
             except Exception as e:   # noqa: BLE001 - a tile that does not fit
                 print(f"  fused {name} {tile}: {type(e).__name__}")
         tiles.sort(key=lambda t: t[0])
-        best[(n, k, norm, epilogue)] = tiles[0][1]
+        best[(n, k, gated)] = tiles[0][1]
         plain = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
         plain_us = graph_us(lambda i: skinny_mm_into(plain, a, weights[i].t()), copies)
         print(f"fused {name:8s} best {tiles[0][0]:7.2f} us {nbytes / tiles[0][0] / 1e3:6.0f} GB/s {tiles[0][1]}"
@@ -199,21 +193,25 @@ def chain_us(layers: int = 16, fused: bool = False) -> dict[str, float]:
             return out
         return mm
 
-    norm_w = torch.rand(2048, device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5
+    norm_w = torch.rand(x.shape[1], device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5
 
     def fused_step(pdl):
-        # A layer as the fusion pass leaves it: norm+qkv, o+residual, norm+gate/up+gate, down+residual
+        # A layer as the fusion pass leaves it: (residual add + norm + qkv), o, (residual add + norm + gate/up +
+        # gate), down
         def run():
-            h = x
+            h, delta = x, torch.zeros_like(x)
             for qkv, o, gate_up, down in weights:
-                q = torch.empty(1, 3072, device="cuda", dtype=torch.bfloat16)
-                skinny_mm_into(q, h, qkv.t(), pdl=pdl, norm_weight=norm_w, eps=1e-5)
-                h2 = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
-                skinny_mm_into(h2, q[:, :2048], o.t(), pdl=pdl, epilogue=ADD_RESIDUAL, residual=h)
-                act = torch.empty(1, 8192, device="cuda", dtype=torch.bfloat16)
-                skinny_mm_into(act, h2, gate_up.t(), pdl=pdl, norm_weight=norm_w, eps=1e-5, epilogue=SILU_MUL)
-                h = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
-                skinny_mm_into(h, act, down.t(), pdl=pdl, epilogue=ADD_RESIDUAL, residual=h2)
+                total, q = torch.empty_like(x), x.new_empty(1, qkv.shape[0])
+                skinny_mm_into(q, delta, qkv.t(), pdl=pdl, norm_weight=norm_w, eps=1e-5, residual=h, h=total)
+                attn = x.new_empty(1, o.shape[0])
+                skinny_mm_into(attn, q[:, :o.shape[1]], o.t(), pdl=pdl)
+                h, total = total, torch.empty_like(x)
+                act = x.new_empty(1, gate_up.shape[0] // 2)
+                skinny_mm_into(act, attn, gate_up.t(), pdl=pdl, norm_weight=norm_w, eps=1e-5, gated=True,
+                               residual=h, h=total)
+                delta = x.new_empty(1, down.shape[0])
+                skinny_mm_into(delta, act, down.t(), pdl=pdl)
+                h = total
             return h
         return run
 

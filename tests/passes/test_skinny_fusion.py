@@ -25,13 +25,19 @@ def _rms_norm(x, w, eps=1e-6, weight_first=False):
 
 
 def _fused(fn, *args):
-    """fn traced as Inductor sees it, after skinny_matmuls and this pass: (graph module, the fused ops' args)."""
+    """fn traced as Inductor sees it, after skinny_matmuls and this pass: (graph module, per fused op its kind:
+    ('add',) if it sums a residual first, then 'silu' if it gates, and its eps)."""
     gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
     gm.graph.eliminate_dead_code()
     use_skinny_matmuls(gm.graph)
     fuse_skinny_neighbours(gm.graph)
     gm.recompile()
-    fused = [n.args[2:] for n in gm.graph.nodes if n.target is torch.ops.vgc.skinny_mm_fused.default]
+    fused = []
+    for n in gm.graph.nodes:
+        if n.target is torch.ops.vgc.skinny_mm_fused.default:
+            fused.append((("silu",) if n.args[4] else ()) + (n.args[3],))
+        elif n.target is torch.ops.vgc.skinny_mm_add_fused.default:
+            fused.append(("add",) + (("silu",) if n.args[5] else ()) + (n.args[4],))
     return gm, fused
 
 
@@ -40,46 +46,46 @@ def _weights(*shapes, seed=0):
     return [torch.randn(*shape, generator=gen, dtype=torch.float32).mul(shape[-1] ** -0.5).to(BF16) for shape in shapes]
 
 
-def _kinds(fused):
-    """Per fused op: ('norm' if it normalises, 'silu' if it gates, 'add' if it adds a residual)."""
-    return [tuple(k for k, on in (("norm", a[0] is not None), ("silu", a[3]), ("add", a[2] is not None)) if on)
-            for a in fused]
+def test_a_llama_layer_becomes_two_fused_matmuls_and_two_plain_ones_computing_the_same():
+    """o, then residual add + norm + gate/up + gate, then down, then residual add + norm + qkv: the sums, which
+    later nodes read, come out of the fused ops."""
+    x, attn = torch.randn(1, 64, dtype=BF16), torch.randn(1, 64, dtype=BF16)
+    norm_1, norm_2 = (torch.rand(64, dtype=BF16) + 0.5 for _ in range(2))
+    w_o, w_gate_up, w_down, w_qkv = _weights((64, 64), (256, 64), (64, 128), (96, 64))
 
+    def layer(x, attn, norm_1, norm_2, w_o, w_gate_up, w_down, w_qkv):
+        h = x + F.linear(attn, w_o)
+        gate, up = F.linear(_rms_norm(h, norm_1), w_gate_up).chunk(2, dim=-1)
+        h2 = h + F.linear(F.silu(gate) * up, w_down)
+        return h2, F.linear(_rms_norm(h2, norm_2, eps=1e-5), w_qkv)
 
-def test_a_llama_mlp_block_becomes_two_fused_matmuls_computing_the_same():
-    x = torch.randn(1, 64, dtype=BF16)
-    norm_w = torch.rand(64, dtype=BF16) + 0.5
-    w_gate_up, w_down = _weights((256, 64), (64, 128))
-
-    def block(x, norm_w, w_gate_up, w_down):
-        gate, up = F.linear(_rms_norm(x, norm_w), w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, w_down)
-
-    gm, fused = _fused(block, x, norm_w, w_gate_up, w_down)
-    assert _kinds(fused) == [("norm", "silu"), ("add",)]
-    assert fused[0][1] == 1e-6
-    ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
-    assert torch.ops.aten.mean.dim not in ops and torch.ops.vgc.skinny_mm.default not in ops   # nothing left over
-    torch.testing.assert_close(gm(x, norm_w, w_gate_up, w_down), block(x, norm_w, w_gate_up, w_down),
-                               atol=2e-2, rtol=2e-2)
+    args = (x, attn, norm_1, norm_2, w_o, w_gate_up, w_down, w_qkv)
+    gm, fused = _fused(layer, *args)
+    assert fused == [("add", "silu", 1e-6), ("add", 1e-5)]
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.vgc.skinny_mm.default) == 2   # o and down, their inputs not a norm's
+    assert torch.ops.aten.mean.dim not in ops and torch.ops.aten.add.Tensor not in ops   # nothing left over
+    for got, want in zip(gm(*args), layer(*args)):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
 def test_transformers_spelling_three_dims_weight_first_narrowed_halves_and_residual_first():
     """transformers' Llama: [B, T, H] activations, `weight * normed`, gate/up as narrows of one fused linear
-    (vgc's sibling fusion), `residual + out`; and qkv with only a norm before it."""
+    (vgc's sibling fusion), `residual + out`; and qkv after the first norm, whose input is no sum."""
     x = torch.randn(1, 1, 64, dtype=BF16)
     norm_w = torch.rand(64, dtype=BF16) + 0.5
-    w_qkv, w_gate_up, w_down = _weights((96, 64), (256, 64), (64, 128))
+    w_qkv, w_o, w_gate_up = _weights((96, 64), (64, 96), (256, 64))
 
-    def layer(x, norm_w, w_qkv, w_gate_up, w_down):
+    def layer(x, norm_w, w_qkv, w_o, w_gate_up):
         qkv = F.linear(_rms_norm(x, norm_w, weight_first=True), w_qkv)
-        both = F.linear(_rms_norm(x, norm_w, eps=1e-5, weight_first=True), w_gate_up)
+        h = x + F.linear(qkv, w_o)
+        both = F.linear(_rms_norm(h, norm_w, eps=1e-5, weight_first=True), w_gate_up)
         gate, up = both.narrow(-1, 0, 128), both.narrow(-1, 128, 128)
-        return qkv, x + F.linear(F.silu(gate) * up, w_down)
+        return h * 2, F.silu(gate) * up
 
-    gm, fused = _fused(layer, x, norm_w, w_qkv, w_gate_up, w_down)
-    assert sorted(_kinds(fused)) == [("add",), ("norm",), ("norm", "silu")]
-    for got, want in zip(gm(x, norm_w, w_qkv, w_gate_up, w_down), layer(x, norm_w, w_qkv, w_gate_up, w_down)):
+    gm, fused = _fused(layer, x, norm_w, w_qkv, w_o, w_gate_up)
+    assert fused == [(1e-6,), ("add", "silu", 1e-5)]
+    for got, want in zip(gm(x, norm_w, w_qkv, w_o, w_gate_up), layer(x, norm_w, w_qkv, w_o, w_gate_up)):
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
@@ -92,7 +98,7 @@ def test_what_has_another_reader_or_another_shape_is_left_alone():
 
     def block(x, norm_w, bias, w_up, w_mixed, w_down):
         normed = _rms_norm(x, norm_w)
-        both = F.linear(normed, w_up)                      # normed read twice (here and below): no norm fusion
+        both = F.linear(normed, w_up)                      # normed read twice (here and below): no fusion
         gate, up = both.chunk(2, dim=-1)
         activated = F.silu(gate)
         mixed = F.linear(normed, w_mixed).split([64, 128], dim=-1)     # unequal halves: not a gate
@@ -105,18 +111,37 @@ def test_what_has_another_reader_or_another_shape_is_left_alone():
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
+def test_a_sum_read_before_the_fused_op_would_run_keeps_its_add():
+    """The residual sum is also read between the add and the matmul: the norm still fuses, the add stays."""
+    x, delta = torch.randn(1, 64, dtype=BF16), torch.randn(1, 64, dtype=BF16)
+    norm_w = torch.rand(64, dtype=BF16) + 0.5
+    (w_qkv,) = _weights((96, 64))
+
+    def block(x, delta, norm_w, w_qkv):
+        h = x + delta
+        early = h * 3
+        return early, F.linear(_rms_norm(h, norm_w), w_qkv) + early[:, :1]
+
+    gm, fused = _fused(block, x, delta, norm_w, w_qkv)
+    assert fused == [(1e-6,)]
+    for got, want in zip(gm(x, delta, norm_w, w_qkv), block(x, delta, norm_w, w_qkv)):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
 def test_many_rows_run_the_fused_op_in_parts_with_the_same_result():
-    """A symbolic-size piece takes prefills through the same fused op: more rows than the kernel's run the norm,
-    product, gate and add as separate steps."""
+    """A symbolic-size piece takes prefills through the same fused op: more rows than the kernel's run the add and
+    norm as one row kernel, then the product and the gate."""
     norm_w = torch.rand(64, dtype=BF16) + 0.5
     w_gate_up, w_down = _weights((256, 64), (64, 128), seed=1)
 
-    def block(x, norm_w, w_gate_up, w_down):
-        gate, up = F.linear(_rms_norm(x, norm_w), w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, w_down)
+    def block(x, delta, norm_w, w_gate_up, w_down):
+        h = x + delta
+        gate, up = F.linear(_rms_norm(h, norm_w), w_gate_up).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, w_down)
 
-    gm, fused = _fused(block, torch.randn(1, 64, dtype=BF16), norm_w, w_gate_up, w_down)
-    assert len(fused) == 2
-    x = torch.randn(7, 64, dtype=BF16)
-    torch.testing.assert_close(gm(x, norm_w, w_gate_up, w_down), block(x, norm_w, w_gate_up, w_down),
+    gm, fused = _fused(block, torch.randn(1, 64, dtype=BF16), torch.randn(1, 64, dtype=BF16), norm_w, w_gate_up,
+                       w_down)
+    assert fused == [("add", "silu", 1e-6)]
+    x, delta = torch.randn(7, 64, dtype=BF16), torch.randn(7, 64, dtype=BF16)
+    torch.testing.assert_close(gm(x, delta, norm_w, w_gate_up, w_down), block(x, delta, norm_w, w_gate_up, w_down),
                                atol=2e-2, rtol=2e-2)

@@ -26,7 +26,8 @@ import torch
 from vgc import envs
 from vgc.ops import triton_rows, triton_skinny_mm
 
-__all__ = ["skinny_mm", "skinny_mm_fused", "DTYPES", "MAX_M", "uses_kernel", "uses_fused_kernel"]
+__all__ = ["skinny_mm", "skinny_mm_fused", "skinny_mm_add_fused", "DTYPES", "MAX_M", "uses_kernel",
+           "uses_fused_kernel"]
 
 # The most rows the op sends to vgc's kernel: what was measured faster than cuBLAS (a batch-1 decode step).
 MAX_M = 1
@@ -71,45 +72,57 @@ def _(a, b):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
-def uses_fused_kernel(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor | None,
-                      residual: torch.Tensor | None) -> bool:
-    """Whether `skinny_mm_fused` runs as one launch of vgc's kernel (one row; else its parts run separately)."""
-    return (a.shape[0] == 1 and uses_kernel(a, b)
-            and (norm_weight is None or (norm_weight.dtype == a.dtype and norm_weight.is_contiguous()
-                                         and norm_weight.device == a.device))
+def uses_fused_kernel(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor,
+                      residual: torch.Tensor | None = None) -> bool:
+    """Whether a fused skinny matmul runs as one launch of vgc's kernel (one row; else its parts run apart)."""
+    return (a.shape[0] == 1 and uses_kernel(a, b) and norm_weight.dtype == a.dtype and norm_weight.is_contiguous()
+            and norm_weight.device == a.device
             and (residual is None or (residual.dtype == a.dtype and residual.device == a.device)))
 
 
+def _gated(product: torch.Tensor, silu_mul: bool) -> torch.Tensor:
+    return triton_rows.silu_mul(product) if silu_mul else product
+
+
 @torch.library.custom_op("vgc::skinny_mm_fused", mutates_args=())
-def skinny_mm_fused(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
-                    residual: torch.Tensor | None, silu_mul: bool) -> torch.Tensor:
-    """`a @ b` with the neighbours a decode step puts around it, in one launch for one row:
+def skinny_mm_fused(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                    silu_mul: bool) -> torch.Tensor:
+    """`(rms_norm(a) * norm_weight) @ b`, then `silu(p[:, :n]) * p[:, n:]` if `silu_mul` (n: half of b's columns).
 
-        x = rms_norm(a) * norm_weight   (if norm_weight is given; with eps)
-        p = x @ b
-        p = silu(p[:, :n]) * p[:, n:]   (if silu_mul; n is half of b's columns)
-        p + residual                    (if residual is given)
-
-    More rows run the parts as separate launches (RMSNorm and SiLU-and-multiply as Triton kernels on CUDA, the
-    product and residual add as cuBLAS's addmm), each rounding where the unfused graph does."""
+    One row: one launch of vgc's kernel. More rows: RMSNorm and SiLU-and-multiply as vgc's row kernels on CUDA
+    (torch's ops elsewhere) around `torch.mm`, each rounding where the unfused graph does."""
     n = b.shape[1] // 2 if silu_mul else b.shape[1]
-    if uses_fused_kernel(a, b, norm_weight, residual):
+    if uses_fused_kernel(a, b, norm_weight):
         out = torch.empty((1, n), dtype=a.dtype, device=a.device)
-        # Gating and a residual add both: the kernel gates, and the add runs after it (no decoder does both).
-        epilogue = triton_skinny_mm.SILU_MUL if silu_mul else \
-            triton_skinny_mm.PLAIN if residual is None else triton_skinny_mm.ADD_RESIDUAL
         triton_skinny_mm.skinny_mm_into(out, a, b, pdl=uses_pdl(a), norm_weight=norm_weight, eps=eps,
-                                        epilogue=epilogue, residual=None if silu_mul else residual)
-        return out + residual if silu_mul and residual is not None else out
-    x = a if norm_weight is None else triton_rows.rms_norm(a, norm_weight, eps)
-    if residual is not None and not silu_mul:
-        return torch.addmm(residual, x, b)
-    product = torch.mm(x, b)
-    if silu_mul:
-        product = triton_rows.silu_mul(product)
-    return product if residual is None else product + residual
+                                        gated=silu_mul)
+        return out
+    return _gated(torch.mm(triton_rows.rms_norm(a, norm_weight, eps), b), silu_mul)
 
 
 @skinny_mm_fused.register_fake
-def _(a, b, norm_weight, eps, residual, silu_mul):
+def _(a, b, norm_weight, eps, silu_mul):
     return a.new_empty((a.shape[0], b.shape[1] // 2 if silu_mul else b.shape[1]))
+
+
+@torch.library.custom_op("vgc::skinny_mm_add_fused", mutates_args=())
+def skinny_mm_add_fused(a: torch.Tensor, residual: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor,
+                        eps: float, silu_mul: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`h = a + residual` and `skinny_mm_fused(h, b, norm_weight, eps, silu_mul)`: a decoder layer's residual add,
+    the RMSNorm after it and the matmul after that. Returns (h, product). More rows: the add and norm as one row
+    kernel (as Inductor would fuse them), then the product."""
+    n = b.shape[1] // 2 if silu_mul else b.shape[1]
+    if uses_fused_kernel(a, b, norm_weight, residual):
+        h = torch.empty_like(a, memory_format=torch.contiguous_format)
+        out = torch.empty((1, n), dtype=a.dtype, device=a.device)
+        triton_skinny_mm.skinny_mm_into(out, a, b, pdl=uses_pdl(a), norm_weight=norm_weight, eps=eps,
+                                        gated=silu_mul, residual=residual, h=h)
+        return h, out
+    h, normed = triton_rows.add_rms_norm(a, residual, norm_weight, eps)
+    return h, _gated(torch.mm(normed, b), silu_mul)
+
+
+@skinny_mm_add_fused.register_fake
+def _(a, residual, b, norm_weight, eps, silu_mul):
+    return torch.empty_like(a, memory_format=torch.contiguous_format), \
+        a.new_empty((a.shape[0], b.shape[1] // 2 if silu_mul else b.shape[1]))

@@ -1,9 +1,10 @@
-"""Row-wise Triton kernels for the many-row side of `vgc::skinny_mm_fused`: RMSNorm and SiLU-and-multiply.
+"""Row-wise Triton kernels for the many-row side of the fused skinny matmuls: RMSNorm (after a residual add, or not)
+and SiLU-and-multiply.
 
 When the fused decode matmul gets more rows than its one-row kernel takes (a prefill through the same
 symbolic-size piece), it runs the neighbours it absorbed as separate launches again: these two, each one launch
 like the Inductor kernel it replaced, around cuBLAS's product. Each rounds where the unfused graph rounds
-(`bf16(bf16(x * rstd) * w)`; `bf16(bf16(silu(g)) * u)`).
+(`h = bf16(x + r)`; `bf16(bf16(h * rstd) * w)`; `bf16(bf16(silu(g)) * u)`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from vgc.ops.triton_launch import FastLauncher
 HAS_TRITON = triton is not None
 
 
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    h = x + residual
+    return h, rms_norm_reference(h, weight, eps)
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
@@ -34,11 +40,17 @@ def silu_mul_reference(y: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
-    def _rms_norm_kernel(x, w, out, K, stride_xm, stride_om, eps, BLOCK: tl.constexpr):
+    def _rms_norm_kernel(x, residual, h, w, out, K, stride_xm, stride_rm, stride_hm, stride_om, eps,
+                         BLOCK: tl.constexpr, ADD: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < K
         v = tl.load(x + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        if ADD:
+            v = (v + tl.load(residual + row * stride_rm + cols, mask=mask, other=0.0).to(tl.float32))
+            v = v.to(h.dtype.element_ty)
+            tl.store(h + row * stride_hm + cols, v, mask=mask)
+            v = v.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(v * v, axis=0) / K + eps)
         y = (v * rstd).to(out.dtype.element_ty).to(tl.float32) * tl.load(w + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out + row * stride_om + cols, y.to(out.dtype.element_ty), mask=mask)
@@ -63,14 +75,28 @@ def _on_triton(t: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each row of the 2-D `x`, scaled by `weight`."""
-    if not _on_triton(x) or x.shape[1] > 32768:
-        return rms_norm_reference(x, weight, eps)
+    return _rms_norm(x, None, weight, eps)[1]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(`h = x + residual`, RMSNorm of each row of `h` scaled by `weight`), in one launch; 2-D `x`."""
+    return _rms_norm(x, residual, weight, eps)
+
+
+def _rms_norm(x, residual, weight, eps):
+    if not _on_triton(x) or x.shape[1] > 32768 or (residual is not None and not _on_triton(residual)):
+        return (None, rms_norm_reference(x, weight, eps)) if residual is None else \
+            add_rms_norm_reference(x, residual, weight, eps)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    h = None if residual is None else torch.empty_like(out)
     if x.shape[0]:
         block = triton.next_power_of_2(x.shape[1])
-        _launch_rms_norm((x.shape[0],), (x, weight.contiguous(), out), (x.shape[1], x.stride(0), out.stride(0), eps),
-                         BLOCK=block, num_warps=min(16, max(1, block // 512)))
-    return out
+        _launch_rms_norm((x.shape[0],), (x, x if residual is None else residual, out if h is None else h,
+                                         weight.contiguous(), out),
+                         (x.shape[1], x.stride(0), 0 if residual is None else residual.stride(0),
+                          out.stride(0), out.stride(0), eps),
+                         BLOCK=block, ADD=residual is not None, num_warps=min(16, max(1, block // 512)))
+    return h, out
 
 
 def silu_mul(y: torch.Tensor) -> torch.Tensor:

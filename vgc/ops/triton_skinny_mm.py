@@ -45,21 +45,17 @@ def _pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-# What a one-row launch fuses around its product (the kernel's `EPILOGUE`).
-PLAIN, ADD_RESIDUAL, SILU_MUL = 0, 1, 2
-
-
-def choose_tile(m: int, n: int, k: int, norm: bool = False, epilogue: int = PLAIN) -> Tile:
+def choose_tile(m: int, n: int, k: int, norm: bool = False, gated: bool = False) -> Tile:
     """The launch shape for an `[m, k] @ [k, n]` product, `m <= GEMV_MAX_M` (`n`: the weight's columns, so twice
-    the output's under SILU_MUL): the sweep's where it measured one. Without a fused entry, a SILU_MUL launch takes
-    the plain tile with half the output columns per program (each reads two weight rows per column)."""
-    if norm or epilogue != PLAIN:
-        tile = FUSED_TILES.get((n, k, norm, epilogue))
+    the output's when `gated`): the sweep's where it measured one. Without a fused entry, a gated launch takes the
+    plain tile with half the output columns per program (each reads two weight rows per column)."""
+    if norm or gated:
+        tile = FUSED_TILES.get((n, k, gated))
         if tile is not None:
             return tile
     block_m = _pow2(m)
     tile = GEMV_TILES.get((block_m, n, k)) or default_tile(block_m, n, k)
-    if epilogue == SILU_MUL:
+    if gated:
         tile = Tile(tile.block_m, max(1, tile.block_n // 2), tile.block_k, tile.num_warps, tile.num_stages)
     return tile
 
@@ -82,23 +78,27 @@ GEMV_TILES: dict[tuple[int, int, int], Tile] = {
     (1, 2048, 8192): Tile(1, 1, 512, num_warps=4, num_stages=1),
 }
 
-# One-row launches with neighbours fused, by (the weight's N, K, norm, epilogue); where none is measured, the plain
-# tile (above) serves.
-FUSED_TILES: dict[tuple[int, int, bool, int], Tile] = {}
+# One-row launches with the RMSNorm fused before them, by (the weight's N, K, gated): the sweep's winners
+# (`benchmarks/sweep_skinny_mm.py --fused`, one NVIDIA H100, 2026-12-06, benchmarks/results/issue47-2026-12-06b/run2):
+# norm + qkv 6.70 µs (the plain launch 6.57), norm + gate/up + SiLU-and-multiply 24.50 (plain 24.23).
+FUSED_TILES: dict[tuple[int, int, bool], Tile] = {
+    (3072, 2048, False): Tile(1, 4, 512, num_warps=4, num_stages=1),
+    (16384, 2048, True): Tile(1, 8, 128, num_warps=4, num_stages=1),
+}
 
 
 if HAS_TRITON:
 
     @triton.jit
-    def _gemv_kernel(a, b, c, norm_w, residual, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-                     stride_cn, stride_rn, eps,
+    def _gemv_kernel(a, b, c, norm_w, residual, h, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                     stride_cn, stride_rk, eps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                     NORM: tl.constexpr, EPILOGUE: tl.constexpr):
-        # One row (BLOCK_M == 1) may fuse its neighbours: NORM, the RMSNorm of `a` by `norm_w` (the row's scale
-        # applied to the sums, so the loop is one pass over `a`); EPILOGUE 1, `+ residual`; EPILOGUE 2 (GATED),
-        # `silu(gate) * up` of the product's two halves, each program taking gate column j and up column N + j
-        # side by side (rows interleaved), so the pair meets in the same registers.
-        GATED: tl.constexpr = EPILOGUE == 2
+                     ADD: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr):
+        # One row (BLOCK_M == 1) may fuse its neighbours. ADD: the row is `a + residual` (rounded to a's dtype, as
+        # the unfused graph holds it), which the first program also stores to `h`. NORM: the RMSNorm of the row by
+        # `norm_w`, its scale applied to the sums (one pass over the row). GATED: `silu(gate) * up` of the
+        # product's two halves, each program taking gate column j and up column N + j side by side (rows
+        # interleaved), so the pair meets in the same registers.
         ROWS: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
         pid = tl.program_id(0)
         i = tl.arange(0, ROWS)
@@ -122,14 +122,20 @@ if HAS_TRITON:
         else:
             acc = tl.zeros((BLOCK_M, ROWS, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
+            k_mask = k0 + rk < K
             if BLOCK_M == 1:
-                x = tl.load(a + (k0 + rk) * stride_ak, mask=k0 + rk < K, other=0.0).to(tl.float32)
+                x = tl.load(a + (k0 + rk) * stride_ak, mask=k_mask, other=0.0).to(tl.float32)
+                if ADD:
+                    x = (x + tl.load(residual + (k0 + rk) * stride_rk, mask=k_mask, other=0.0).to(tl.float32))
+                    x = x.to(h.dtype.element_ty)
+                    tl.store(h + k0 + rk, x, mask=k_mask & (pid == 0))
+                    x = x.to(tl.float32)
                 if NORM:
                     squares += x * x
-                    x = x * tl.load(norm_w + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
+                    x = x * tl.load(norm_w + k0 + rk, mask=k_mask, other=0.0).to(tl.float32)
             else:
                 x = tl.load(a + rm[:, None] * stride_am + (k0 + rk)[None, :] * stride_ak,
-                            mask=(rm[:, None] < M) & (k0 + rk < K)[None, :], other=0.0).to(tl.float32)
+                            mask=(rm[:, None] < M) & k_mask[None, :], other=0.0).to(tl.float32)
             b_ptrs += BLOCK_K * stride_bk
             w_next = tl.load(b_ptrs, mask=n_mask & (rk[None, :] < K - k0 - BLOCK_K), other=0.0)
             if BLOCK_M == 1:
@@ -147,9 +153,6 @@ if HAS_TRITON:
                 silu = (gate / (1.0 + tl.exp(-gate))).to(c.dtype.element_ty).to(tl.float32)
                 out = silu * up
                 rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            if EPILOGUE == 1:
-                out = out.to(c.dtype.element_ty).to(tl.float32) + \
-                    tl.load(residual + rn * stride_rn, mask=rn < N, other=0.0).to(tl.float32)
             tl.store(c + rn * stride_cn, out.to(c.dtype.element_ty), mask=rn < N)
         else:
             tl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, tl.sum(acc, axis=2).to(c.dtype.element_ty),
@@ -159,28 +162,29 @@ if HAS_TRITON:
 
 
 def skinny_mm_into(out, a, b, tile: Tile | None = None, pdl: bool = False, norm_weight=None, eps: float = 0.0,
-                   epilogue: int = PLAIN, residual=None) -> None:
+                   gated: bool = False, residual=None, h=None) -> None:
     """`out = a @ b` with the kernel (`a` has at most `GEMV_MAX_M` rows); `tile` overrides `choose_tile` (the sweep
     uses it); `pdl`: launched as a programmatic dependent of the kernel before it (Hopper and later, never under
     the interpreter).
 
-    One row may fuse: `norm_weight` (with `eps`): `a` is RMS-normalised and scaled by it first; `epilogue`
-    ADD_RESIDUAL: `out = a @ b + residual`; SILU_MUL: `out = silu(p[:, :n]) * p[:, n:]` for `p = a @ b` and `n`
-    the columns of `out` (half of `b`'s).
+    One row may fuse, in this order: `residual` (with `h`): the row is `a + residual`, also stored to `h`;
+    `norm_weight` (with `eps`): the row is RMS-normalised and scaled by it; `gated`: `out = silu(p[:, :n]) *
+    p[:, n:]` for the product `p` and `n` the columns of `out` (half of `b`'s).
     """
     m, k = a.shape
     n = out.shape[1]
     if m == 0:
         return
-    fused = norm_weight is not None or epilogue != PLAIN
-    assert not fused or m == 1, "fused neighbours take one row"
-    assert b.shape[1] == (2 * n if epilogue == SILU_MUL else n), (tuple(b.shape), tuple(out.shape))
-    tile = tile or choose_tile(m, b.shape[1], k, norm_weight is not None, epilogue)
+    assert (norm_weight is None and not gated and residual is None) or m == 1, "fused neighbours take one row"
+    assert (residual is None) == (h is None), "a residual needs `h` for the sum"
+    assert b.shape[1] == (2 * n if gated else n), (tuple(b.shape), tuple(out.shape))
+    tile = tile or choose_tile(m, b.shape[1], k, norm_weight is not None, gated)
     assert m <= tile.block_m <= GEMV_MAX_M, f"{m} rows in a tile of {tile.block_m}"
-    residual = out if residual is None else residual
-    _launch((triton.cdiv(n, tile.block_n),), (a, b, out, a if norm_weight is None else norm_weight, residual),
+    _launch((triton.cdiv(n, tile.block_n),),
+            (a, b, out, a if norm_weight is None else norm_weight, a if residual is None else residual,
+             out if h is None else h),
             (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-             residual.stride(-1), float(eps)),
+             1 if residual is None else residual.stride(-1), float(eps)),
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PDL=pdl,
-            NORM=norm_weight is not None, EPILOGUE=epilogue,
+            ADD=residual is not None, NORM=norm_weight is not None, GATED=gated,
             num_warps=tile.num_warps, num_stages=tile.num_stages, **({"launch_pdl": True} if pdl else {}))

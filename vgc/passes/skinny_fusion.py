@@ -1,27 +1,31 @@
-"""Skinny-matmul fusion: each `vgc::skinny_mm` absorbs the RMSNorm before it and the SiLU-and-multiply or residual
-add after it, as one `vgc::skinny_mm_fused` (one launch for a decode step's row, so each layer's Inductor norm and
-activation kernels disappear).
+"""Skinny-matmul fusion: each `vgc::skinny_mm` absorbs the RMSNorm before it (and the residual add before that)
+and the SiLU-and-multiply after it, as one `vgc::skinny_mm_fused` or `vgc::skinny_mm_add_fused` (one launch for a
+decode step's row, so a layer's Inductor norm and activation kernels disappear).
 
-Before, in a decode piece (the post-grad spelling of `x + down(silu(gate) * up)` and of an RMSNorm):
+Before, in a decode piece (the post-grad spelling of a Llama layer's MLP half):
 
+    x = add(o, residual)                                     # read again by the next residual add
     c = convert(x, f32); r = rsqrt(add(mean(pow(c, 2), [-1], True), eps))
-    n = mul(convert(mul(c, r), bf16), norm_w)              # RMSNorm(x) * norm_w
+    n = mul(convert(mul(c, r), bf16), norm_w)                # RMSNorm(x) * norm_w
     p = vgc.skinny_mm(n, permute(w_gate_up))
-    g, u = split(p, I, -1); s = convert(div(convert(g, f32), add(exp(neg(...)), 1)), bf16); h = mul(s, u)
-    y = add(vgc.skinny_mm(h, permute(w_down)), x)
+    g, u = split(p, I, -1); s = convert(div(convert(g, f32), add(exp(neg(...)), 1)), bf16); y = mul(s, u)
 
 After:
 
-    h = vgc.skinny_mm_fused(x, permute(w_gate_up), norm_w, eps, None, True)
-    y = vgc.skinny_mm_fused(h, permute(w_down), None, 0.0, x, False)
+    x, y = vgc.skinny_mm_add_fused(o, residual, permute(w_gate_up), norm_w, eps, True)
 
 Matched by structure, so any model whose graph spells these the same way (transformers' Llama-family RMSNorm and
 MLP; `weight * normed` or `normed * weight`; `silu` whole or decomposed; 2-D or flattened 3-D activations) gets it.
-A node is absorbed only when the fused op is its only reader; whatever else is left unread is removed.
+A node is absorbed only when the fused op is its only reader; the residual sum, which later nodes read, becomes
+the fused op's first output, and only where all of them come after it. Whatever is left unread is removed.
+The residual add stays out of the matmul before it: with more rows than the kernel takes, the add and the norm
+after it must stay one row kernel, as Inductor fuses them (an add fused into the product would cost cuBLAS a
+copy of the residual and leave the norm a kernel of its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -40,7 +44,7 @@ def options() -> dict:
 
 
 def fuse_skinny_neighbours(graph: fx.Graph) -> int:
-    """Fuse around every `vgc::skinny_mm` of `graph`; returns how many became `vgc::skinny_mm_fused`."""
+    """Fuse around every `vgc::skinny_mm` of `graph`; returns how many became fused ops."""
     graph.eliminate_dead_code()   # a dead reader would hide a pattern (Inductor's graphs have none; traced ones may)
     fused = 0
     for node in list(graph.nodes):
@@ -54,28 +58,65 @@ def fuse_skinny_neighbours(graph: fx.Graph) -> int:
 def _fuse(graph: fx.Graph, mm: fx.Node) -> int:
     a, b = mm.args
     norm = _rms_norm_input(a, mm)
-    gated = _silu_mul_of(mm)
-    residual = None if gated else _residual_add_of(mm)
-    if norm is None and gated is None and residual is None:
+    if norm is None:
         return 0
-    last = gated or residual   # the node the fused op replaces
-    where = last[0] if last else mm
+    x, norm_weight, eps, flatten, norm_reader = norm
+    gated = _silu_mul_of(mm)
+    last = gated or (mm, None, None)   # the node the fused op's product replaces, and a reshape after it
+    shape_args = [*(flatten.args[1:] if flatten is not None else ()), *(last[2].args[1:] if last[2] else ())]
+    added = _residual_sum(x)
+    if added is not None and flatten is not None and not all(isinstance(d, int) for d in _val(x).shape):
+        added = None   # the sum would need reshaping back to sizes the graph holds no node for
+    # The fused op goes right after the last node it reads, so that it comes before every reader of the sum.
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    inputs = _nodes_in([*(added.args if added is not None else [x]), b, norm_weight, *shape_args])
+    where = max(inputs, key=order.__getitem__).next
+    if added is not None and any(order[u] < order[where] for u in added.users if u is not norm_reader):
+        added = None
+        where = max(_nodes_in([x, b, norm_weight, *shape_args]), key=order.__getitem__).next
     with graph.inserting_before(where):
-        x, norm_weight, eps = a, None, 0.0
-        if norm is not None:
-            x, norm_weight, eps, flatten = norm
-            if flatten is not None:   # the normed activations were [B, T, K]: flatten x the same way
-                x = _call(graph, flatten.target, (x, *flatten.args[1:]))
-        r = None
-        if residual is not None:
-            r = residual[1]
-            if residual[2] is not None:
-                r = _call(graph, aten.reshape.default, (r, [-1, _val(mm).shape[1]]))
-        out = _call(graph, torch.ops.vgc.skinny_mm_fused.default, (x, b, norm_weight, float(eps), r, gated is not None))
-        if last and last[2] is not None:   # back to the [B, T, N] the replaced node had
+        if added is not None:
+            x, residual = added.args
+            if flatten is not None:
+                residual = _call(graph, flatten.target, (residual, *flatten.args[1:]))
+        if flatten is not None:   # the normed activations were [B, T, K]: flatten x the same way
+            x = _call(graph, flatten.target, (x, *flatten.args[1:]))
+        if added is None:
+            out = _call(graph, torch.ops.vgc.skinny_mm_fused.default, (x, b, norm_weight, float(eps), bool(gated)))
+        else:
+            both = _call(graph, torch.ops.vgc.skinny_mm_add_fused.default,
+                         (x, residual, b, norm_weight, float(eps), bool(gated)))
+            total, out = (_call(graph, operator.getitem, (both, i)) for i in (0, 1))
+            if flatten is not None:
+                total = _call(graph, aten.reshape.default, (total, list(_val(added).shape)))
+        if last[2] is not None:   # back to the [B, T, N] the replaced node had
             out = _call(graph, aten.reshape.default, (out, list(last[2].args[1][:-1]) + [_val(last[0]).shape[-1]]))
-    (last[0] if last else mm).replace_all_uses_with(out)
+    last[0].replace_all_uses_with(out)
+    if added is not None:
+        added.replace_all_uses_with(total, delete_user_cb=lambda user: user is not norm_reader)
     return 1
+
+
+def _nodes_in(values) -> list[fx.Node]:
+    found = []
+    for value in values:
+        if isinstance(value, fx.Node):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found += _nodes_in(value)
+    return found
+
+
+def _residual_sum(x: fx.Node):
+    """The add node `x` is, when it sums two tensors of its shape and dtype."""
+    if not _is(x, aten.add.Tensor) or x.kwargs or len(x.args) != 2:
+        return None
+    val = _val(x)
+    for operand in x.args:
+        o_val = _val(operand)
+        if not isinstance(o_val, torch.Tensor) or o_val.dtype != val.dtype or tuple(o_val.shape) != tuple(val.shape):
+            return None
+    return x
 
 
 # ---- matchers: each returns None unless the whole pattern is there and its result has no other reader ----
@@ -104,7 +145,8 @@ def _last_dim(dims, ndim) -> bool:
 
 
 def _rms_norm_input(a, mm: fx.Node):
-    """(x, norm weight, eps, the reshape between or None) when the matmul's input is `RMSNorm(x) * weight`."""
+    """(x, norm weight, eps, the reshape between or None, the norm's reader of x) when the matmul's input is
+    `RMSNorm(x) * weight`."""
     flatten = None
     if _is(a, *_RESHAPES) and _only_user(a, mm) and len(_val(a.args[0]).shape) > 2:
         flatten, a = a, a.args[0]
@@ -124,7 +166,7 @@ def _rms_norm_input(a, mm: fx.Node):
             eps = _rstd_eps(rstd, c)
             if x is not None and eps is not None and _val(x).dtype == normed.args[1] and \
                     _val(x).shape[-1] == w_val.shape[0]:
-                return x, weight, eps, flatten
+                return x, weight, eps, flatten, c
     return None
 
 
@@ -153,22 +195,6 @@ def _output_view(mm: fx.Node):
     if len(users) == 1 and _is(users[0], *_RESHAPES):
         return users[0], users[0]
     return mm, None
-
-
-def _residual_add_of(mm: fx.Node):
-    """(the add, the residual, the reshape or None) for `mm + residual` of equal shapes and dtype."""
-    y, view = _output_view(mm)
-    users = list(y.users)
-    if len(users) != 1 or not _is(users[0], aten.add.Tensor) or users[0].kwargs or len(users[0].users) == 0:
-        return None
-    add = users[0]
-    other = add.args[1] if add.args[0] is y else add.args[0]
-    if other is y or not isinstance(other, fx.Node):
-        return None
-    o_val, y_val = _val(other), _val(y)
-    if not isinstance(o_val, torch.Tensor) or o_val.dtype != y_val.dtype or tuple(o_val.shape) != tuple(y_val.shape):
-        return None
-    return add, other, view
 
 
 def _halves(y: fx.Node, columns):
@@ -253,6 +279,6 @@ def _call(graph: fx.Graph, target, args) -> fx.Node:
     fake_args = [[_val(x) if isinstance(x, fx.Node) else x for x in a] if isinstance(a, list) else a
                  for a in fake_args]
     mode = next((v.fake_mode for v in fake_args if hasattr(v, "fake_mode")), None)
-    with mode:
+    with mode or contextlib.nullcontext():
         node.meta["val"] = target(*fake_args)
     return node
