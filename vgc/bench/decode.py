@@ -31,8 +31,8 @@ from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs
 
 
 ROWS = ("eager", "inductor default", "inductor reduce-overhead", "vgc NONE", "vgc PIECEWISE", "vgc FULL",
-        "vgc FULL_AND_PIECEWISE", "vgc F&P cuBLAS", "vgc F&P + Inductor PDL", "vgc F&P + fused matmuls",
-        "vgc F&P + fused + Inductor PDL", "vgc F&P tuned [1]", "vgc F&P eager pieces", "breakable + whole decode", "breakable", "drop-in PIECEWISE",
+        "vgc FULL_AND_PIECEWISE", "vgc F&P cuBLAS", "vgc F&P unfused", "vgc F&P + Inductor PDL",
+        "vgc F&P tuned [1]", "vgc F&P eager pieces", "breakable + whole decode", "breakable", "drop-in PIECEWISE",
         "drop-in FULL", "drop-in FULL_AND_PIECEWISE")
 """The rows main() builds, in order: what --only accepts, known before a model is built."""
 
@@ -119,15 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         "vgc FULL": lambda: vgc_model("full"),
         "vgc FULL_AND_PIECEWISE": lambda: vgc_model("full_and_piecewise"),
         # What each default of FULL_AND_PIECEWISE buys, and the candidates that are not defaults
-        # The default before issue 47 (cuBLAS matmuls); and Inductor's kernels chained to vgc's by PDL (opt-in)
+        # The defaults before issue 47 (cuBLAS matmuls) and before its fusion (vgc's GEMVs alone); Inductor's kernels
+        # chained to vgc's by PDL (opt-in)
         "vgc F&P cuBLAS": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmuls": False}),
+        "vgc F&P unfused": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmul_fusion": False}),
         "vgc F&P + Inductor PDL": lambda: vgc_model("full_and_piecewise",
                                                     inductor_compile_config={"triton.enable_pdl": True}),
-        # The norm, activation and residual adds around each matmul fused into it (issue 47)
-        "vgc F&P + fused matmuls": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmul_fusion": True}),
-        "vgc F&P + fused + Inductor PDL": lambda: vgc_model("full_and_piecewise",
-                                                            pass_config={"skinny_matmul_fusion": True},
-                                                            inductor_compile_config={"triton.enable_pdl": True}),
         "vgc F&P tuned [1]": lambda: vgc_model("full_and_piecewise", **tuned),
         # Without Inductor: the pieces run their own graphs; or no Dynamo either, the eager forward captured in
         # segments between attention calls (whole graphs for decode batches, or attention eager there too)

@@ -13,7 +13,7 @@ Rows (each on its own copy of the model; vgc's fusion pass rebinds weights):
   at SDPA;
 - `vgc integration`: `vgc.integrations.transformers.compile(model)`: generate()'s loop on the device (a sampler
   graph after each decode graph, no host sync per token);
-- `vgc integration + fused matmuls`: the same with the `skinny_matmul_fusion` pass on (issue 47);
+- `vgc integration unfused`: the same with the `skinny_matmul_fusion` pass off (the default before it);
 - `vgc integration (host loop)`: the same with `device_loop=False`: transformers' own loop around vgc's decode graphs;
 - `vgc breakable (dynamic cache)`: `vgc.integrations.transformers.breakable(model, batch_sizes=[batch])`: no Dynamo,
   no Inductor; decode steps replay breakable CUDA graphs on the default dynamic cache.
@@ -67,7 +67,7 @@ def _shape(name: str, layers: int | None):
 
 MODELS = ("llama_1b", "qwen2_0_5b", "tiny")
 ROWS = ("eager", "anchor", "vgc drop-in (dynamic cache)", "vgc CompileConfig (static cache)", "vgc integration",
-        "vgc integration + fused matmuls", "vgc integration (host loop)", "vgc breakable (dynamic cache)")
+        "vgc integration unfused", "vgc integration (host loop)", "vgc breakable (dynamic cache)")
 
 
 def _build(config, device: str, dtype: torch.dtype):
@@ -134,9 +134,9 @@ def _rows(base, names: list[str], batch: int):
                                    options={"cudagraph_mode": "full_and_piecewise", "splitting_ops": SPLIT_AT_SDPA})
         elif name.startswith("vgc integration"):
             from vgc.integrations import transformers as vgc_transformers
-            fused = name == "vgc integration + fused matmuls"
+            unfused = name == "vgc integration unfused"
             vgc_transformers.compile(model, max_batch_size=batch, device_loop=name != "vgc integration (host loop)",
-                                     config={"pass_config": {"skinny_matmul_fusion": True}} if fused else None)
+                                     config={"pass_config": {"skinny_matmul_fusion": False}} if unfused else None)
         elif name == "vgc breakable (dynamic cache)":
             from vgc.integrations import transformers as vgc_transformers
             vgc_transformers.breakable(model, batch_sizes=[batch])

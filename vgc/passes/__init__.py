@@ -22,6 +22,7 @@ class BuiltinPass:
     default: bool
     stage: str   # "post_grad": inside Inductor, per piece; "split": on the split graph, before compiling
     options: Callable[[], Any] | None = None   # what else decides the pass's output: part of its identity
+    requires: str | None = None   # a pass whose output this one works on: off with it
 
 
 BUILTIN_PASSES = {
@@ -30,5 +31,6 @@ BUILTIN_PASSES = {
     "skinny_matmuls": BuiltinPass(skinny_matmul.use_skinny_matmuls, default=True, stage="post_grad",
                                   options=skinny_matmul.options),
     # After skinny_matmuls (this order): it fuses around the ops that pass put in.
-    "skinny_matmul_fusion": BuiltinPass(skinny_fusion.fuse_skinny_neighbours, default=False, stage="post_grad"),
+    "skinny_matmul_fusion": BuiltinPass(skinny_fusion.fuse_skinny_neighbours, default=True, stage="post_grad",
+                                        requires="skinny_matmuls"),
 }

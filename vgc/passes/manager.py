@@ -86,7 +86,8 @@ class PassManager(_compat.CustomGraphPass):
 def pass_manager(pass_config: dict[str, bool], user_passes: dict[str, Any]) -> PassManager | None:
     """vgc's switched-on passes, then the user's, in one manager; None when there is no pass to run."""
     passes = [NamedPass(name, builtin.run, builtin_identity(builtin.run, builtin.options and builtin.options()))
-              for name, builtin in BUILTIN_PASSES.items() if builtin.stage == "post_grad" and pass_config.get(name)]
+              for name, builtin in BUILTIN_PASSES.items() if builtin.stage == "post_grad" and pass_config.get(name)
+              and (builtin.requires is None or pass_config.get(builtin.requires))]
     passes += [NamedPass(name, user_pass, user_identity(name, user_pass)) for name, user_pass in user_passes.items()]
     return PassManager(passes) if passes else None
 
