@@ -252,6 +252,24 @@ def test_the_decoder_with_skinny_matmuls_equals_eager_in_every_graph_mode(no_cac
             torch.testing.assert_close(out.float(), expected.float(), atol=3e-2, rtol=3e-2, msg=f"{kind} {n}")
 
 
+def _pdl_replays_give_the_plain_bits(chain) -> tuple:
+    """`chain(pdl)` (launches returning a tuple of tensors) captured with PDL in one graph and replayed 20 times
+    gives the bits of `chain(False)`, ordinary launches; returns those."""
+    expected = chain(False)
+    chain(True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain(True)
+    for _ in range(20):
+        for t in got:
+            t.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    return expected
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 8])
 def test_kernels_chained_by_programmatic_dependent_launch_give_the_bits_of_ordinary_launches(rows):
@@ -274,17 +292,7 @@ def test_kernels_chained_by_programmatic_dependent_launch_give_the_bits_of_ordin
             h = out
         return h
 
-    expected = chain(False)
-    chain(True)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = chain(True)
-    for _ in range(20):
-        got.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(got, expected)
+    (expected,) = _pdl_replays_give_the_plain_bits(lambda pdl: (chain(pdl),))
     reference = x.float()
     for w in weights:
         if reference.shape[1] != w.shape[1]:
@@ -319,18 +327,7 @@ def test_fused_kernels_chained_by_programmatic_dependent_launch_give_the_bits_of
             h = total
         return h, delta
 
-    expected = chain(False)
-    chain(True)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = chain(True)
-    for _ in range(20):
-        for t in got:
-            t.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    expected = _pdl_replays_give_the_plain_bits(chain)
     h, delta = x.double(), torch.zeros_like(x, dtype=torch.float64)
     for w_gate_up, w_down, norm_w in layers:
         h = h + delta
