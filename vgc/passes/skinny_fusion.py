@@ -39,10 +39,6 @@ _CONVERT = prims.convert_element_type.default
 _RESHAPES = (aten.reshape.default, aten.view.default)
 
 
-def options() -> dict:
-    return {}
-
-
 def fuse_skinny_neighbours(graph: fx.Graph) -> int:
     """Fuse around every `vgc::skinny_mm` of `graph`; returns how many became fused ops."""
     graph.eliminate_dead_code()   # a dead reader would hide a pattern (Inductor's graphs have none; traced ones may)
@@ -62,8 +58,8 @@ def _fuse(graph: fx.Graph, mm: fx.Node) -> int:
         return 0
     x, norm_weight, eps, flatten, norm_reader = norm
     gated = _silu_mul_of(mm)
-    last = gated or (mm, None, None)   # the node the fused op's product replaces, and a reshape after it
-    shape_args = [*(flatten.args[1:] if flatten is not None else ()), *(last[2].args[1:] if last[2] else ())]
+    replaced, view = gated or (mm, None)   # the node the fused op's product replaces, and a reshape before it
+    shape_args = [*(flatten.args[1:] if flatten is not None else ()), *(view.args[1:] if view is not None else ())]
     added = _residual_sum(x)
     if added is not None and flatten is not None and not all(isinstance(d, int) for d in _val(x).shape):
         added = None   # the sum would need reshaping back to sizes the graph holds no node for
@@ -89,9 +85,9 @@ def _fuse(graph: fx.Graph, mm: fx.Node) -> int:
             total, out = (_call(graph, operator.getitem, (both, i)) for i in (0, 1))
             if flatten is not None:
                 total = _call(graph, aten.reshape.default, (total, list(_val(added).shape)))
-        if last[2] is not None:   # back to the [B, T, N] the replaced node had
-            out = _call(graph, aten.reshape.default, (out, list(last[2].args[1][:-1]) + [_val(last[0]).shape[-1]]))
-    last[0].replace_all_uses_with(out)
+        if view is not None:   # back to the [B, T, N] the replaced node had
+            out = _call(graph, aten.reshape.default, (out, list(view.args[1][:-1]) + [_val(replaced).shape[-1]]))
+    replaced.replace_all_uses_with(out)
     if added is not None:
         added.replace_all_uses_with(total, delete_user_cb=lambda user: user is not norm_reader)
     return 1
@@ -249,7 +245,7 @@ def _silu_of(node):
 
 
 def _silu_mul_of(mm: fx.Node):
-    """(the product, None, the reshape or None) for `silu(p[..., :n]) * p[..., n:]` of the matmul's output p."""
+    """(the product, the reshape or None) for `silu(p[..., :n]) * p[..., n:]` of the matmul's output p."""
     y, view = _output_view(mm)
     columns = _val(mm).shape[1]
     if not isinstance(columns, int) or columns % 2:
@@ -269,7 +265,7 @@ def _silu_mul_of(mm: fx.Node):
     # The silu chain may only feed the product (its intermediate nodes die with it).
     if len(silu.users) != 1:
         return None
-    return product, None, view
+    return product, view
 
 
 def _call(graph: fx.Graph, target, args) -> fx.Node:
