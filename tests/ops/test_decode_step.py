@@ -96,7 +96,7 @@ def test_the_skinny_mm_kernel_matches_a_float32_product(m, monkeypatch):
             torch.testing.assert_close(out.float(), expected, atol=0.05 * expected.abs().max().item(), rtol=0)
 
 
-def _fused_reference(a, residual, w, norm_weight, eps, silu_mul):
+def _fused_reference(a, residual, w, norm_weight, eps, silu_mul, rope=None):
     """The fused skinny matmuls in float64: (the residual sum, the product)."""
     h = a.double() if residual is None else a.double() + residual.double()
     x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.double()
@@ -104,15 +104,23 @@ def _fused_reference(a, residual, w, norm_weight, eps, silu_mul):
     if silu_mul:
         gate, up = p.chunk(2, dim=-1)
         p = torch.nn.functional.silu(gate) * up
+    if rope is not None:
+        cos, sin, columns, head_dim = rope
+        heads = p[:, :columns].unflatten(-1, (-1, head_dim))
+        first, second = heads.chunk(2, dim=-1)
+        c, s = cos[:, :head_dim // 2].double().unsqueeze(1), sin[:, :head_dim // 2].double().unsqueeze(1)
+        p = torch.cat((torch.cat((first * c - second * s, second * c + first * s), -1).flatten(1), p[:, columns:]), -1)
     return h, p
 
 
-@pytest.mark.parametrize("add,silu_mul", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("add,silu_mul,rope", [(False, False, False), (False, True, False), (True, False, False),
+                                               (True, True, False), (False, False, True), (True, False, True)])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_the_fused_skinny_matmuls_match_a_float64_reference(add, silu_mul, rows, monkeypatch):
-    """`vgc::skinny_mm_fused` (norm, product, gate) and `vgc::skinny_mm_add_fused` (a residual add first): one row
-    runs the fused kernel (CUDA, or Triton's interpreter on the CPU); more rows, or no Triton, run the parts one
-    after another. Both against float64, the weight in a (2048, 512) and an odd (48, 70) shape."""
+def test_the_fused_skinny_matmuls_match_a_float64_reference(add, silu_mul, rope, rows, monkeypatch):
+    """`vgc::skinny_mm_fused` (norm, product, gate or rotary embedding) and `vgc::skinny_mm_add_fused` (a residual
+    add first): one row runs the fused kernel (CUDA, or Triton's interpreter on the CPU); more rows, or no Triton,
+    run the parts one after another. Both against float64, the weight in a (2048, 512) and an odd (48, 70) shape
+    (rotated: heads of 16, the first 32 or 1024 columns, cos and sin in rows wider than the half head)."""
     monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
     device = triton_device() or "cpu"
     dtypes = (torch.float16, torch.bfloat16) if device == "cuda" else (torch.float16,)
@@ -123,13 +131,18 @@ def test_the_fused_skinny_matmuls_match_a_float64_reference(add, silu_mul, rows,
             residual = torch.randn(rows, k, generator=gen, device=device).to(dtype) if add else None
             w = (torch.randn(n, k, generator=gen, device=device) * k ** -0.5).to(dtype)
             norm_weight = (torch.rand(k, generator=gen, device=device) + 0.5).to(dtype)
+            tables = None
+            if rope:
+                angles = torch.rand(rows, 16, generator=gen, device=device) * 6.3   # 8 used of 16 per row
+                tables = (angles.cos(), angles.sin(), min(n // 2 // 16 * 16, 1024), 16)
             if rows == 1 and triton_device() is not None:
                 assert uses_fused_kernel(a, w.t(), norm_weight, residual)
             if add:
-                h, got = torch.ops.vgc.skinny_mm_add_fused(a, residual, w.t(), norm_weight, 1e-5, silu_mul)
+                h, got = torch.ops.vgc.skinny_mm_add_fused(a, residual, w.t(), norm_weight, 1e-5, silu_mul,
+                                                           *(tables or ()))
             else:
-                h, got = None, torch.ops.vgc.skinny_mm_fused(a, w.t(), norm_weight, 1e-5, silu_mul)
-            expected_h, expected = _fused_reference(a, residual, w, norm_weight, 1e-5, silu_mul)
+                h, got = None, torch.ops.vgc.skinny_mm_fused(a, w.t(), norm_weight, 1e-5, silu_mul, *(tables or ()))
+            expected_h, expected = _fused_reference(a, residual, w, norm_weight, 1e-5, silu_mul, tables)
             assert got.shape == expected.shape and got.dtype == dtype
             torch.testing.assert_close(got.double(), expected, atol=0.02 * expected.abs().max().item(), rtol=0.02)
             if add:   # the sum, rounded once to the activations' dtype, as eager's
@@ -229,7 +242,7 @@ def test_the_skinny_matmuls_pass_is_on_by_default_and_keyed_by_what_it_does(monk
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fusion", [False, True])
+@pytest.mark.parametrize("fusion", ["none", "default", "rope"])
 def test_the_decoder_with_skinny_matmuls_equals_eager_in_every_graph_mode(no_cache, fusion):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -240,7 +253,8 @@ def test_the_decoder_with_skinny_matmuls_equals_eager_in_every_graph_mode(no_cac
     kv = llama.make_kv_caches(cfg, "cuda")
     compiled = vgc.compile(model, config=vgc.CompilationConfig(
         cudagraph_mode="full_and_piecewise", cudagraph_capture_sizes=[1, 4, 8, 16],
-        pass_config={"skinny_matmuls": True, "skinny_matmul_fusion": fusion},
+        pass_config={"skinny_matmuls": True, "skinny_matmul_fusion": fusion != "none",
+                     "skinny_matmul_rope": fusion == "rope"},
         inductor_compile_config={"fx_graph_cache": False}),
         pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode)
     compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv),

@@ -24,10 +24,10 @@ def _rms_norm(x, w, eps=1e-6, weight_first=False):
     return w * normed if weight_first else normed * w
 
 
-def _fused(fn, *args):
+def _fused(fn, *args, tracing_mode="fake"):
     """fn traced as Inductor sees it, after skinny_matmuls and this pass: (graph module, per fused op its kind:
     ('add',) if it sums a residual first, then 'silu' if it gates, and its eps)."""
-    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode=tracing_mode)(*args)
     gm.graph.eliminate_dead_code()
     use_skinny_matmuls(gm.graph)
     fuse_skinny_neighbours(gm.graph)
@@ -145,3 +145,56 @@ def test_many_rows_run_the_fused_op_in_parts_with_the_same_result():
     x, delta = torch.randn(7, 64, dtype=BF16), torch.randn(7, 64, dtype=BF16)
     torch.testing.assert_close(gm(x, delta, norm_w, w_gate_up, w_down), block(x, delta, norm_w, w_gate_up, w_down),
                                atol=2e-2, rtol=2e-2)
+
+
+def test_the_rotary_embedding_of_q_and_k_joins_the_fused_qkv_matmul():
+    """vgc's Llama spelling (`_rotate`: NeoX halves, cos/sin of [T, D/2]): skinny_matmul_rope hands the tables to
+    the fused op, and q and k read its product; v and the sum are untouched. Traced with a symbolic token count and
+    run at one row (the kernel's path where Triton runs) and three (the parts)."""
+    from vgc.models.llama import _rotate
+    from vgc.passes.skinny_fusion import fuse_rotary
+
+    def inputs(rows):
+        angles = torch.rand(rows, 8) * 6.3
+        return (torch.randn(rows, 64, dtype=BF16), torch.randn(rows, 64, dtype=BF16), norm_w, w_qkv, angles.cos(),
+                angles.sin())
+
+    norm_w = torch.rand(64, dtype=BF16) + 0.5
+    (w_qkv,) = _weights((128, 64))
+
+    def qkv(x, delta, norm_w, w_qkv, cos, sin):
+        h = x + delta
+        q, k, v = F.linear(_rms_norm(h, norm_w), w_qkv).split([64, 32, 32], dim=-1)
+        return (h, _rotate(q.unflatten(-1, (4, 16)), cos, sin), _rotate(k.unflatten(-1, (2, 16)), cos, sin),
+                v.unflatten(-1, (2, 16)))
+
+    gm, fused = _fused(qkv, *inputs(3), tracing_mode="symbolic")
+    assert fused == [("add", 1e-6)]
+    assert fuse_rotary(gm.graph) == 1
+    gm.recompile()
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.vgc.skinny_mm_add_fused.default]
+    assert [getattr(a, "name", a) for a in node.args[6:]] == ["cos_1", "sin_1", 96, 16]
+    ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.cat.default not in ops and torch.ops.aten.sub.Tensor not in ops   # no rotation left
+    for rows in (1, 3):
+        args = inputs(rows)
+        for got, want in zip(gm(*args), qkv(*args)):
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_rotation_by_other_tables_for_q_and_k_is_left_to_inductor():
+    from vgc.models.llama import _rotate
+    from vgc.passes.skinny_fusion import fuse_rotary
+
+    x = torch.randn(1, 64, dtype=BF16)
+    norm_w = torch.rand(64, dtype=BF16) + 0.5
+    (w_qkv,) = _weights((128, 64))
+    cos, sin, other = torch.rand(1, 8), torch.rand(1, 8), torch.rand(1, 8)
+
+    def qkv(x, norm_w, w_qkv, cos, sin, other):
+        q, k, v = F.linear(_rms_norm(x, norm_w), w_qkv).split([64, 32, 32], dim=-1)
+        return _rotate(q.unflatten(-1, (4, 16)), cos, sin), _rotate(k.unflatten(-1, (2, 16)), cos, other), v
+
+    gm, fused = _fused(qkv, x, norm_w, w_qkv, cos, sin, other)
+    assert fused == [(1e-6,)] and fuse_rotary(gm.graph) == 0

@@ -31,8 +31,8 @@ from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs
 
 
 ROWS = ("eager", "inductor default", "inductor reduce-overhead", "vgc NONE", "vgc PIECEWISE", "vgc FULL",
-        "vgc FULL_AND_PIECEWISE", "vgc F&P cuBLAS", "vgc F&P unfused", "vgc F&P + Inductor PDL",
-        "vgc F&P tuned [1]", "vgc F&P eager pieces", "breakable + whole decode", "breakable", "drop-in PIECEWISE",
+        "vgc FULL_AND_PIECEWISE", "vgc F&P cuBLAS", "vgc F&P unfused", "vgc F&P + fused RoPE",
+        "vgc F&P + Inductor PDL", "vgc F&P tuned [1]", "vgc F&P eager pieces", "breakable + whole decode", "breakable", "drop-in PIECEWISE",
         "drop-in FULL", "drop-in FULL_AND_PIECEWISE")
 """The rows main() builds, in order: what --only accepts, known before a model is built."""
 
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         # chained to vgc's by PDL (opt-in)
         "vgc F&P cuBLAS": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmuls": False}),
         "vgc F&P unfused": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmul_fusion": False}),
+        "vgc F&P + fused RoPE": lambda: vgc_model("full_and_piecewise", pass_config={"skinny_matmul_rope": True}),
         "vgc F&P + Inductor PDL": lambda: vgc_model("full_and_piecewise",
                                                     inductor_compile_config={"triton.enable_pdl": True}),
         "vgc F&P tuned [1]": lambda: vgc_model("full_and_piecewise", **tuned),

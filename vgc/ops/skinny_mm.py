@@ -80,49 +80,63 @@ def uses_fused_kernel(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tenso
             and (residual is None or (residual.dtype == a.dtype and residual.device == a.device)))
 
 
-def _gated(product: torch.Tensor, silu_mul: bool) -> torch.Tensor:
-    return triton_rows.silu_mul(product) if silu_mul else product
+def _rope(cos, sin, rope_columns: int, head_dim: int):
+    return None if cos is None else (cos, sin, rope_columns, head_dim)
+
+
+def _parts(product: torch.Tensor, silu_mul: bool, rope) -> torch.Tensor:
+    """The product's neighbours after it, as separate launches (more rows than the fused kernel takes)."""
+    if silu_mul:
+        return triton_rows.silu_mul(product)
+    return product if rope is None else triton_rows.rope_(product, *rope)
 
 
 @torch.library.custom_op("vgc::skinny_mm_fused", mutates_args=())
-def skinny_mm_fused(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                    silu_mul: bool) -> torch.Tensor:
-    """`(rms_norm(a) * norm_weight) @ b`, then `silu(p[:, :n]) * p[:, n:]` if `silu_mul` (n: half of b's columns).
+def skinny_mm_fused(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor, eps: float, silu_mul: bool,
+                    cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, rope_columns: int = 0,
+                    head_dim: int = 0) -> torch.Tensor:
+    """`(rms_norm(a) * norm_weight) @ b`, then `silu(p[:, :n]) * p[:, n:]` if `silu_mul` (n: half of b's columns),
+    or, with `cos` and `sin` (each row's `head_dim / 2` values first), the rotary embedding (NeoX halves) of the
+    product's first `rope_columns` columns, heads of `head_dim` (q and k, before v).
 
-    One row: one launch of vgc's kernel. More rows: RMSNorm and SiLU-and-multiply as vgc's row kernels on CUDA
-    (torch's ops elsewhere) around `torch.mm`, each rounding where the unfused graph does."""
+    One row: one launch of vgc's kernel. More rows: RMSNorm, SiLU-and-multiply and the rotation as vgc's row
+    kernels on CUDA (torch's ops elsewhere) around `torch.mm`, each rounding where the unfused graph does."""
+    rope = _rope(cos, sin, rope_columns, head_dim)
     n = b.shape[1] // 2 if silu_mul else b.shape[1]
     if uses_fused_kernel(a, b, norm_weight):
         out = torch.empty((1, n), dtype=a.dtype, device=a.device)
         triton_skinny_mm.skinny_mm_into(out, a, b, pdl=uses_pdl(a), norm_weight=norm_weight, eps=eps,
-                                        gated=silu_mul)
+                                        gated=silu_mul, rope=rope)
         return out
-    return _gated(torch.mm(triton_rows.rms_norm(a, norm_weight, eps), b), silu_mul)
+    return _parts(torch.mm(triton_rows.rms_norm(a, norm_weight, eps), b), silu_mul, rope)
 
 
 @skinny_mm_fused.register_fake
-def _(a, b, norm_weight, eps, silu_mul):
+def _(a, b, norm_weight, eps, silu_mul, cos=None, sin=None, rope_columns=0, head_dim=0):
     return a.new_empty((a.shape[0], b.shape[1] // 2 if silu_mul else b.shape[1]))
 
 
 @torch.library.custom_op("vgc::skinny_mm_add_fused", mutates_args=())
 def skinny_mm_add_fused(a: torch.Tensor, residual: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor,
-                        eps: float, silu_mul: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`h = a + residual` and `skinny_mm_fused(h, b, norm_weight, eps, silu_mul)`: a decoder layer's residual add,
-    the RMSNorm after it and the matmul after that. Returns (h, product). More rows: the add and norm as one row
-    kernel (as Inductor would fuse them), then the product."""
+                        eps: float, silu_mul: bool, cos: torch.Tensor | None = None,
+                        sin: torch.Tensor | None = None, rope_columns: int = 0,
+                        head_dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`h = a + residual` and `skinny_mm_fused(h, b, norm_weight, eps, silu_mul, ...)`: a decoder layer's
+    residual add, the RMSNorm after it and the matmul after that. Returns (h, product). More rows: the add and
+    norm as one row kernel (as Inductor would fuse them), then the product."""
+    rope = _rope(cos, sin, rope_columns, head_dim)
     n = b.shape[1] // 2 if silu_mul else b.shape[1]
     if uses_fused_kernel(a, b, norm_weight, residual):
         h = torch.empty_like(a, memory_format=torch.contiguous_format)
         out = torch.empty((1, n), dtype=a.dtype, device=a.device)
         triton_skinny_mm.skinny_mm_into(out, a, b, pdl=uses_pdl(a), norm_weight=norm_weight, eps=eps,
-                                        gated=silu_mul, residual=residual, h=h)
+                                        gated=silu_mul, residual=residual, h=h, rope=rope)
         return h, out
     h, normed = triton_rows.add_rms_norm(a, residual, norm_weight, eps)
-    return h, _gated(torch.mm(normed, b), silu_mul)
+    return h, _parts(torch.mm(normed, b), silu_mul, rope)
 
 
 @skinny_mm_add_fused.register_fake
-def _(a, residual, b, norm_weight, eps, silu_mul):
+def _(a, residual, b, norm_weight, eps, silu_mul, cos=None, sin=None, rope_columns=0, head_dim=0):
     return torch.empty_like(a, memory_format=torch.contiguous_format), \
         a.new_empty((a.shape[0], b.shape[1] // 2 if silu_mul else b.shape[1]))

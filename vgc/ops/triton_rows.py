@@ -1,5 +1,5 @@
-"""Row-wise Triton kernels for the many-row side of the fused skinny matmuls: RMSNorm (after a residual add, or not)
-and SiLU-and-multiply.
+"""Row-wise Triton kernels for the many-row side of the fused skinny matmuls: RMSNorm (after a residual add, or not),
+SiLU-and-multiply and the rotary embedding.
 
 When the fused decode matmul gets more rows than its one-row kernel takes (a prefill through the same
 symbolic-size piece), it runs the neighbours it absorbed as separate launches again: these two, each one launch
@@ -30,6 +30,17 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def rope_reference(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, columns: int, head_dim: int):
+    """`y` with the rotary embedding (NeoX halves) on its first `columns` columns, heads of `head_dim`; `cos` and
+    `sin` hold each row's `head_dim / 2` values first."""
+    half = head_dim // 2
+    heads = y[:, :columns].float().unflatten(-1, (-1, head_dim))
+    first, second = heads[..., :half], heads[..., half:]
+    c, s = cos[:, :half].float().unsqueeze(1), sin[:, :half].float().unsqueeze(1)
+    rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1).flatten(1).to(y.dtype)
+    return torch.cat((rotated, y[:, columns:]), dim=-1)
 
 
 def silu_mul_reference(y: torch.Tensor) -> torch.Tensor:
@@ -65,7 +76,22 @@ if HAS_TRITON:
         silu = (gate / (1.0 + tl.exp(-gate))).to(out.dtype.element_ty).to(tl.float32)
         tl.store(out + row * stride_om + cols, (silu * up).to(out.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def _rope_kernel(y, cos, sin, pairs, stride_ym, stride_cm, stride_cd, HALF: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        pair = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = pair < pairs
+        d = pair % HALF
+        col = (pair // HALF) * (2 * HALF) + d
+        first = tl.load(y + row * stride_ym + col, mask=mask, other=0.0).to(tl.float32)
+        second = tl.load(y + row * stride_ym + col + HALF, mask=mask, other=0.0).to(tl.float32)
+        c = tl.load(cos + row * stride_cm + d * stride_cd, mask=mask, other=1.0).to(tl.float32)
+        s = tl.load(sin + row * stride_cm + d * stride_cd, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y + row * stride_ym + col, (first * c - second * s).to(y.dtype.element_ty), mask=mask)
+        tl.store(y + row * stride_ym + col + HALF, (second * c + first * s).to(y.dtype.element_ty), mask=mask)
+
     _launch_rms_norm = FastLauncher(_rms_norm_kernel)
+    _launch_rope = FastLauncher(_rope_kernel)
     _launch_silu_mul = FastLauncher(_silu_mul_kernel)
 
 
@@ -109,3 +135,14 @@ def silu_mul(y: torch.Tensor) -> torch.Tensor:
         _launch_silu_mul((y.shape[0], triton.cdiv(n, 1024)), (y, out), (n, y.stride(0), out.stride(0)),
                          BLOCK=1024, num_warps=4)
     return out
+
+
+def rope_(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, columns: int, head_dim: int) -> torch.Tensor:
+    """`rope_reference`, in place on `y` (2-D, contiguous rows) where Triton runs; returns the result."""
+    if not _on_triton(y) or cos.stride(-1) != sin.stride(-1) or cos.stride(0) != sin.stride(0):
+        return rope_reference(y, cos, sin, columns, head_dim)
+    pairs = columns // 2
+    if y.shape[0] and pairs:
+        _launch_rope((y.shape[0], triton.cdiv(pairs, 512)), (y, cos, sin),
+                     (pairs, y.stride(0), cos.stride(0), cos.stride(-1)), HALF=head_dim // 2, BLOCK=512, num_warps=4)
+    return y

@@ -45,17 +45,17 @@ def _pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-def choose_tile(m: int, n: int, k: int, norm: bool = False, gated: bool = False) -> Tile:
-    """The launch shape for an `[m, k] @ [k, n]` product, `m <= GEMV_MAX_M` (`n`: the weight's columns, so twice
-    the output's when `gated`): the sweep's where it measured one. Without a fused entry, a gated launch takes the
-    plain tile with half the output columns per program (each reads two weight rows per column)."""
-    if norm or gated:
-        tile = FUSED_TILES.get((n, k, gated))
+def choose_tile(m: int, n: int, k: int, norm: bool = False, paired: bool = False) -> Tile:
+    """The launch shape for an `[m, k] @ [k, n]` product, `m <= GEMV_MAX_M` (`n`: the weight's columns, twice the
+    output's when gated): the sweep's where it measured one. Without a fused entry, a `paired` launch (gated or
+    rotated: two weight rows per output pair) takes the plain tile with half the pairs per program."""
+    if norm or paired:
+        tile = FUSED_TILES.get((n, k, paired))
         if tile is not None:
             return tile
     block_m = _pow2(m)
     tile = GEMV_TILES.get((block_m, n, k)) or default_tile(block_m, n, k)
-    if gated:
+    if paired:
         tile = Tile(tile.block_m, max(1, tile.block_n // 2), tile.block_k, tile.num_warps, tile.num_stages)
     return tile
 
@@ -90,21 +90,28 @@ FUSED_TILES: dict[tuple[int, int, bool], Tile] = {
 if HAS_TRITON:
 
     @triton.jit
-    def _gemv_kernel(a, b, c, norm_w, residual, h, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-                     stride_cn, stride_rk, eps,
+    def _gemv_kernel(a, b, c, norm_w, residual, h, cos, sin, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, stride_rk, stride_cd, rot_cols, eps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                     ADD: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr):
+                     ADD: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, ROPE: tl.constexpr,
+                     HALF: tl.constexpr):
         # One row (BLOCK_M == 1) may fuse its neighbours. ADD: the row is `a + residual` (rounded to a's dtype, as
         # the unfused graph holds it), which the first program also stores to `h`. NORM: the RMSNorm of the row by
         # `norm_w`, its scale applied to the sums (one pass over the row). GATED: `silu(gate) * up` of the
         # product's two halves, each program taking gate column j and up column N + j side by side (rows
-        # interleaved), so the pair meets in the same registers.
-        ROWS: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
+        # interleaved), so the pair meets in the same registers. ROPE: rotary embedding of the first `rot_cols`
+        # columns, heads of 2 * HALF: each program takes pairs of columns d and d + HALF of a head (the row's
+        # position's `cos`/`sin` at d), output columns where the product's are.
+        PAIRED: tl.constexpr = GATED or ROPE
+        ROWS: tl.constexpr = 2 * BLOCK_N if PAIRED else BLOCK_N
         pid = tl.program_id(0)
         i = tl.arange(0, ROWS)
         if GATED:
             rn = pid * BLOCK_N + i // 2
             w_row = rn + (i % 2) * N
+        elif ROPE:   # rn: the pair; N counts pairs
+            rn = pid * BLOCK_N + i // 2
+            w_row = (rn // HALF) * (2 * HALF) + rn % HALF + (i % 2) * HALF
         else:
             rn = pid * BLOCK_N + i
             w_row = rn
@@ -153,7 +160,20 @@ if HAS_TRITON:
                 silu = (gate / (1.0 + tl.exp(-gate))).to(c.dtype.element_ty).to(tl.float32)
                 out = silu * up
                 rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            tl.store(c + rn * stride_cn, out.to(c.dtype.element_ty), mask=rn < N)
+            if ROPE:
+                # Rounded as the graph holds the product, rotated in fp32, rounded once
+                first, second = tl.split(tl.reshape(out.to(c.dtype.element_ty).to(tl.float32), (BLOCK_N, 2)))
+                pair = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+                d = pair % HALF
+                col = (pair // HALF) * (2 * HALF) + d
+                rotated = (col < rot_cols) & (pair < N)
+                cos_d = tl.load(cos + d * stride_cd, mask=rotated, other=1.0).to(tl.float32)
+                sin_d = tl.load(sin + d * stride_cd, mask=rotated, other=0.0).to(tl.float32)
+                tl.store(c + col * stride_cn, (first * cos_d - second * sin_d).to(c.dtype.element_ty), mask=pair < N)
+                tl.store(c + (col + HALF) * stride_cn, (second * cos_d + first * sin_d).to(c.dtype.element_ty),
+                         mask=pair < N)
+            else:
+                tl.store(c + rn * stride_cn, out.to(c.dtype.element_ty), mask=rn < N)
         else:
             tl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, tl.sum(acc, axis=2).to(c.dtype.element_ty),
                      mask=(rm[:, None] < M) & (rn[None, :] < N))
@@ -162,29 +182,36 @@ if HAS_TRITON:
 
 
 def skinny_mm_into(out, a, b, tile: Tile | None = None, pdl: bool = False, norm_weight=None, eps: float = 0.0,
-                   gated: bool = False, residual=None, h=None) -> None:
+                   gated: bool = False, residual=None, h=None, rope=None) -> None:
     """`out = a @ b` with the kernel (`a` has at most `GEMV_MAX_M` rows); `tile` overrides `choose_tile` (the sweep
     uses it); `pdl`: launched as a programmatic dependent of the kernel before it (Hopper and later, never under
     the interpreter).
 
     One row may fuse, in this order: `residual` (with `h`): the row is `a + residual`, also stored to `h`;
     `norm_weight` (with `eps`): the row is RMS-normalised and scaled by it; `gated`: `out = silu(p[:, :n]) *
-    p[:, n:]` for the product `p` and `n` the columns of `out` (half of `b`'s).
+    p[:, n:]` for the product `p` and `n` the columns of `out` (half of `b`'s); `rope` (cos, sin, rotated columns,
+    head dim): the first columns of the product, heads of `head dim`, get the rotary embedding (NeoX halves) of
+    the row's position, `cos` and `sin` its `head dim / 2` values (any row stride).
     """
     m, k = a.shape
     n = out.shape[1]
     if m == 0:
         return
-    assert (norm_weight is None and not gated and residual is None) or m == 1, "fused neighbours take one row"
+    fused = norm_weight is not None or gated or residual is not None or rope is not None
+    assert not fused or m == 1, "fused neighbours take one row"
     assert (residual is None) == (h is None), "a residual needs `h` for the sum"
+    assert not (gated and rope), "a product is gated or rotated, not both"
     assert b.shape[1] == (2 * n if gated else n), (tuple(b.shape), tuple(out.shape))
-    tile = tile or choose_tile(m, b.shape[1], k, norm_weight is not None, gated)
+    tile = tile or choose_tile(m, b.shape[1], k, norm_weight is not None, gated or rope is not None)
     assert m <= tile.block_m <= GEMV_MAX_M, f"{m} rows in a tile of {tile.block_m}"
-    _launch((triton.cdiv(n, tile.block_n),),
+    cos, sin, rot_cols, head_dim = rope if rope is not None else (a, a, 0, 2)
+    columns = n // 2 if rope is not None else n   # a rotated product is launched by pairs of columns
+    _launch((triton.cdiv(columns, tile.block_n),),
             (a, b, out, a if norm_weight is None else norm_weight, a if residual is None else residual,
-             out if h is None else h),
-            (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-             1 if residual is None else residual.stride(-1), float(eps)),
+             out if h is None else h, cos, sin),
+            (m, columns, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+             1 if residual is None else residual.stride(-1), cos.stride(-1), rot_cols, float(eps)),
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PDL=pdl,
-            ADD=residual is not None, NORM=norm_weight is not None, GATED=gated,
+            ADD=residual is not None, NORM=norm_weight is not None, GATED=gated, ROPE=rope is not None,
+            HALF=head_dim // 2,
             num_warps=tile.num_warps, num_stages=tile.num_stages, **({"launch_pdl": True} if pdl else {}))

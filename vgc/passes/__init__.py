@@ -33,4 +33,13 @@ BUILTIN_PASSES = {
     # After skinny_matmuls (this order): it fuses around the ops that pass put in.
     "skinny_matmul_fusion": BuiltinPass(skinny_fusion.fuse_skinny_neighbours, default=True, stage="post_grad",
                                         requires="skinny_matmuls"),
+    # q and k's rotary embedding into the fused qkv matmul: off until measured on a GPU
+    "skinny_matmul_rope": BuiltinPass(skinny_fusion.fuse_rotary, default=False, stage="post_grad",
+                                      requires="skinny_matmul_fusion"),
 }
+
+
+def enabled(name: str, pass_config: dict[str, bool]) -> bool:
+    """`name` is switched on, and so is every pass it works on."""
+    required = BUILTIN_PASSES[name].requires
+    return bool(pass_config.get(name)) and (required is None or enabled(required, pass_config))

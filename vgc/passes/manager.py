@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch.fx as fx
 
 from vgc import _compat, envs
-from vgc.passes import BUILTIN_PASSES
+from vgc.passes import BUILTIN_PASSES, enabled
 
 logger = logging.getLogger("vgc")
 
@@ -86,8 +86,7 @@ class PassManager(_compat.CustomGraphPass):
 def pass_manager(pass_config: dict[str, bool], user_passes: dict[str, Any]) -> PassManager | None:
     """vgc's switched-on passes, then the user's, in one manager; None when there is no pass to run."""
     passes = [NamedPass(name, builtin.run, builtin_identity(builtin.run, builtin.options and builtin.options()))
-              for name, builtin in BUILTIN_PASSES.items() if builtin.stage == "post_grad" and pass_config.get(name)
-              and (builtin.requires is None or pass_config.get(builtin.requires))]
+              for name, builtin in BUILTIN_PASSES.items() if builtin.stage == "post_grad" and enabled(name, pass_config)]
     passes += [NamedPass(name, user_pass, user_identity(name, user_pass)) for name, user_pass in user_passes.items()]
     return PassManager(passes) if passes else None
 

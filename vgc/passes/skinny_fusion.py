@@ -63,13 +63,18 @@ def _fuse(graph: fx.Graph, mm: fx.Node) -> int:
     added = _residual_sum(x)
     if added is not None and flatten is not None and not all(isinstance(d, int) for d in _val(x).shape):
         added = None   # the sum would need reshaping back to sizes the graph holds no node for
-    # The fused op goes right after the last node it reads, so that it comes before every reader of the sum.
+    # The fused op goes right after the last node it reads; it must come before every reader of what it replaces
+    # (the product, the sum). A sum that cannot be placed so is left to Inductor, then the whole fusion.
     order = {node: i for i, node in enumerate(graph.nodes)}
-    inputs = _nodes_in([*(added.args if added is not None else [x]), b, norm_weight, *shape_args])
-    where = max(inputs, key=order.__getitem__).next
-    if added is not None and any(order[u] < order[where] for u in added.users if u is not norm_reader):
-        added = None
-        where = max(_nodes_in([x, b, norm_weight, *shape_args]), key=order.__getitem__).next
+    for with_sum in dict.fromkeys((added is not None, False)):
+        reads = [*(added.args if with_sum else [x]), b, norm_weight, *shape_args]
+        readers = [*mm.users, *([u for u in added.users if u is not norm_reader] if with_sum else ())]
+        where = max(_nodes_in(reads), key=order.__getitem__).next
+        if all(order[where] <= order[u] for u in readers):
+            break
+    else:
+        return 0
+    added = added if with_sum else None
     with graph.inserting_before(where):
         if added is not None:
             x, residual = added.args
@@ -266,6 +271,118 @@ def _silu_mul_of(mm: fx.Node):
     if len(silu.users) != 1:
         return None
     return product, view
+
+
+_FUSED = (torch.ops.vgc.skinny_mm_fused.default, torch.ops.vgc.skinny_mm_add_fused.default)
+
+
+def fuse_rotary(graph: fx.Graph) -> int:
+    """Fuse the rotary embedding of q and k into the fused matmul that makes them (after `fuse_skinny_neighbours`):
+    each ungated `vgc::skinny_mm_fused` / `vgc::skinny_mm_add_fused` whose product is split into q, k and the rest,
+    q and k rotated by `_rope_of`'s spelling, takes `cos`, `sin` and the rotated columns, and the heads that read
+    the rotation read its product instead. Returns how many."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    fused = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _FUSED:
+            continue
+        add = node.target is torch.ops.vgc.skinny_mm_add_fused.default
+        if len(node.args) > (6 if add else 5) or node.args[5 if add else 4]:   # rotated already, or gated
+            continue
+        product = node
+        if add:
+            outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+            product = outs.get(1)
+            if product is None:
+                continue
+        rope = _rope_of(product)
+        if rope is None or any(order[table] > order[node] for table in rope[:2]):
+            continue   # the tables are made after the matmul: leave the rotation to Inductor
+        node.args = (*node.args, *rope[:4])
+        for rotated, heads in rope[4]:
+            rotated.replace_all_uses_with(heads)   # the heads now read the product the kernel rotated
+        fused += 1
+    if fused:
+        graph.eliminate_dead_code()
+    return fused
+
+
+def _rope_of(mm: fx.Node):
+    """(cos, sin, rotated columns, head dim, [(each rotated head tensor, the heads it rotates)]) when the product's
+    output is split into q, k and the rest, and q and k, viewed as heads, get the NeoX rotary embedding as vgc's
+    Llama spells it: `cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)` of their halves, in fp32, rounded back."""
+    users = list(mm.users)
+    if len(users) != 1 or not _is(users[0], aten.split_with_sizes.default):
+        return None
+    split = users[0]
+    sizes, dim = (list(split.args) + [0])[1:3]
+    if dim not in (-1, 1) or len(sizes) < 3:
+        return None
+    parts = {u.args[1]: u for u in split.users if u.target is operator.getitem}
+    found, source = [], None
+    for index in (0, 1):   # q, then k
+        part = parts.get(index)
+        if part is None or len(part.users) != 1 or not _is(next(iter(part.users)), *_RESHAPES):
+            return None
+        heads = next(iter(part.users))
+        shape = _val(heads).shape
+        if len(shape) != 3 or not isinstance(shape[-1], int) or shape[-1] % 2:
+            return None
+        match = _neox_rotation(heads, shape[-1])
+        if match is None or (source is not None and match[1:] != source) or len(heads.users) != 1 or \
+                not all(_table(t, shape[-1]) for t in match[1:]):
+            return None
+        source = match[1:]
+        found.append((match[0], heads))
+    if not all(isinstance(size, int) for size in sizes):
+        return None
+    return (*source, sizes[0] + sizes[1], _val(found[0][1]).shape[-1], found)
+
+
+def _table(node, head_dim: int) -> bool:
+    """A cos or sin table of one row per token and head_dim / 2 columns."""
+    val = _val(node)
+    return isinstance(val, torch.Tensor) and val.dim() == 2 and val.shape[-1] == head_dim // 2
+
+
+def _neox_rotation(heads: fx.Node, head_dim: int):
+    """(the rotated tensor, cos, sin) for vgc's Llama spelling of the rotation of `heads` ([T, H, D]) by
+    `cos`/`sin` ([T, D/2], unsqueezed over the heads)."""
+    c = next(iter(heads.users))
+    if _to_float32(c) is not heads or len(c.users) != 1:
+        return None
+    split = next(iter(c.users))
+    if not _is(split, aten.split.Tensor) or split.args[1] != head_dim // 2 or (list(split.args) + [0])[2] not in (-1, 2):
+        return None
+    halves = {u.args[1]: u for u in split.users if u.target is operator.getitem}
+    if set(halves) != {0, 1}:
+        return None
+    x1, x2 = halves[0], halves[1]
+
+    def product(node, left):   # (the other factor's source) when node is left * unsqueeze(source, 1)
+        if not _is(node, aten.mul.Tensor) or left not in node.args:
+            return None
+        other = node.args[1] if node.args[0] is left else node.args[0]
+        if _is(other, aten.unsqueeze.default) and other.args[1] == 1:
+            return other.args[0]
+        return None
+
+    cats = {u for half in (x1, x2) for mul in half.users for op in mul.users for u in op.users}
+    if len(cats) != 1:
+        return None
+    cat = cats.pop()
+    if not _is(cat, aten.cat.default) or len(cat.args[0]) != 2 or (list(cat.args) + [0])[1] not in (-1, 2):
+        return None
+    minus, plus = cat.args[0]
+    if not _is(minus, aten.sub.Tensor) or not _is(plus, aten.add.Tensor):
+        return None
+    cos, sin = product(minus.args[0], x1), product(minus.args[1], x2)
+    if cos is None or sin is None or product(plus.args[0], x2) is not cos or product(plus.args[1], x1) is not sin:
+        return None
+    out = next(iter(cat.users)) if len(cat.users) == 1 else None
+    if not _is(out, _CONVERT) or out.args[1] != _val(heads).dtype:
+        return None
+    return out, cos, sin
 
 
 def _call(graph: fx.Graph, target, args) -> fx.Node:
