@@ -233,7 +233,7 @@ def test_the_skinny_matmuls_pass_is_on_by_default_and_keyed_by_what_it_does(monk
 
     default = pass_manager(vgc.CompilationConfig().pass_config, {})
     # measured faster (docs/benchmarks.md); the fusion runs after the pass whose ops it fuses
-    assert [p.name for p in default.passes] == ["skinny_matmuls", "skinny_matmul_fusion"]
+    assert [p.name for p in default.passes] == ["skinny_matmuls", "skinny_matmul_fusion", "skinny_matmul_rope"]
     # the fusion works on the other pass's ops: off with it
     assert pass_manager(vgc.CompilationConfig(pass_config={"skinny_matmuls": False}).pass_config, {}) is None
     on = pass_manager({"skinny_matmuls": True}, {}).uuid()

@@ -111,7 +111,8 @@ def test_debug_dump_path_gets_each_graph_before_and_after_each_pass(no_cache, mo
     assert {name.split("-", 2)[2] for name in names} == {
         "00-before-eliminate_noops.py", "00-after-eliminate_noops.py", "01-before-skinny_matmuls.py",
         "01-after-skinny_matmuls.py", "02-before-skinny_matmul_fusion.py", "02-after-skinny_matmul_fusion.py",
-        "03-before-count.py", "03-after-count.py"}
+        "03-before-skinny_matmul_rope.py", "03-after-skinny_matmul_rope.py", "04-before-count.py",
+        "04-after-count.py"}
     assert "torch.ops.aten" in (tmp_path / names[0]).read_text()
 
 

@@ -33,8 +33,8 @@ BUILTIN_PASSES = {
     # After skinny_matmuls (this order): it fuses around the ops that pass put in.
     "skinny_matmul_fusion": BuiltinPass(skinny_fusion.fuse_skinny_neighbours, default=True, stage="post_grad",
                                         requires="skinny_matmuls"),
-    # q and k's rotary embedding into the fused qkv matmul: off until measured on a GPU
-    "skinny_matmul_rope": BuiltinPass(skinny_fusion.fuse_rotary, default=False, stage="post_grad",
+    # q and k's rotary embedding into the fused qkv matmul
+    "skinny_matmul_rope": BuiltinPass(skinny_fusion.fuse_rotary, default=True, stage="post_grad",
                                       requires="skinny_matmul_fusion"),
 }
 
