@@ -9,6 +9,7 @@ table (docs/cache.md has the latest one).
 """
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -292,6 +293,39 @@ def test_two_kernels_swapped_are_caught_by_their_recorded_hashes(warm_root, tmp_
     after = run_passes([root], tmp_path, "after")[str(root)]
     assert after["error"] is None and after["max_diff"] < TOL and after["warnings"] == [], after
     assert after["counters"]["inductor_compiles"] == 0 and verify.verify_root(root) == []
+
+
+def test_a_recorded_kernel_that_is_missing_is_recorded_again_once_rebuilt(tmp_path, monkeypatch, caplog):
+    """Issue 51 (bundle campaign, seed 5106): a bundle packed without its kernels (`--no-kernels`, or one kernel left
+    out) left kernels.json naming the packing machine's bytes; Inductor builds the files again here, with other
+    bytes (a C++ build elsewhere need not be byte-identical), and every later check found them "swapped or altered":
+    removed, rebuilt and warned about again in the next start (6 warnings in two starts), and, between two entries
+    of one process, in the same start. A recorded file found missing is now dropped from every record, as a removed
+    one is, so the bytes built here are recorded and the next start is quiet."""
+    from vgc import log
+    from vgc.cache import kernel_hashes
+
+    monkeypatch.setattr(kernel_hashes, "_seen", {})
+    monkeypatch.setattr(kernel_hashes, "_rebuilt", set())
+    log._warned.clear()
+    kernels = tmp_path / "inductor_cache"
+    ranks = [tmp_path / "torch_compile_cache" / entry / "rank_0_0" for entry in ("a" * 20, "b" * 20)]
+    for rank in ranks:   # both entries record the packing machine's bytes of one kernel, which is not here
+        rank.mkdir(parents=True)
+        (rank / kernel_hashes.RECORD_FILE).write_text(json.dumps({"ab/cab.main.so": "0" * 64, "ab/cab.py": "1" * 64}))
+    with caplog.at_level(logging.WARNING, logger="vgc"):
+        assert kernel_hashes.check(tmp_path, kernels) == 0
+        (kernels / "ab").mkdir(parents=True)
+        (kernels / "ab" / "cab.main.so").write_bytes(b"\x7fELF built here")   # Inductor builds it again
+        assert kernel_hashes.check(tmp_path, kernels) == 0   # the other entry's first load, in the same process
+        kernel_hashes.update(ranks[0], kernels)   # the save (or the exit) of the first entry
+        monkeypatch.setattr(kernel_hashes, "_seen", {})   # the next process
+        monkeypatch.setattr(kernel_hashes, "_rebuilt", set())
+        assert kernel_hashes.check(tmp_path, kernels) == 0
+    assert caplog.records == [] and (kernels / "ab" / "cab.main.so").is_file()
+    recorded = json.loads((ranks[0] / kernel_hashes.RECORD_FILE).read_text())
+    assert recorded == {"ab/cab.main.so": hashlib.sha256(b"\x7fELF built here").hexdigest()}
+    assert verify.verify_root(tmp_path) == []
 
 
 @pytest.mark.parametrize("size", ["256k", pytest.param("2m", marks=pytest.mark.extended), "ro"])

@@ -70,13 +70,13 @@ def rank_dirs(root: Path) -> list[Path]:
     return sorted(p for p in (Path(root) / CACHE_SUBDIR).glob("*/rank_*") if p.is_dir())
 
 
-def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | None = None
-               ) -> list[tuple[Path, str]]:
+def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | None = None,
+               missing: list[Path] | None = None) -> list[tuple[Path, str]]:
     """(file, why) for each file under `kernels` that a record in the root names and whose bytes match none of the
     hashes the root's records hold for it (entries share kernels, and each records the bytes it saw); missing files
-    are not listed (Inductor builds them), an unreadable record is. `only`: the rank directories whose records name
-    the files to check (default: all). `once`: a file this process found intact before is not hashed again (a
-    start); `vgc cache verify` hashes every file."""
+    are not listed (Inductor builds them; appended to `missing` when given), an unreadable record is. `only`: the
+    rank directories whose records name the files to check (default: all). `once`: a file this process found
+    intact before is not hashed again (a start); `vgc cache verify` hashes every file."""
     found, known, checked = [], {}, set()
     for rank_dir in rank_dirs(root):
         record = read_record(rank_dir)
@@ -95,6 +95,8 @@ def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | 
             continue
         try:
             if not path.is_file():
+                if missing is not None and not os.path.lexists(path):
+                    missing.append(path)
                 continue   # missing (built again), or a directory (recovery's business)
             actual = _sha256(path)
         except OSError:
@@ -110,9 +112,18 @@ def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | 
 def check(root: Path, kernels: Path) -> int:
     """Remove each file under `kernels` (Inductor's cache as this process sees it) whose bytes match none of the
     root's records for it, with one warning each; returns how many were removed. Every entry's records count: a
-    new entry's compile finds the kernels other entries built, by name, and would load a swapped one too."""
-    removed = 0
-    for path, problem in mismatches(root, kernels):
+    new entry's compile finds the kernels other entries built, by name, and would load a swapped one too.
+
+    A recorded file that is missing (a bundle packed without kernels, an emptied Inductor cache) is built again
+    here, and a C++ build elsewhere (another directory, another machine) need not give the recorded bytes: its
+    record is dropped as for a removed file, so the bytes built here are recorded instead of removed by the next
+    start."""
+    removed, missing = 0, []
+    found = mismatches(root, kernels, missing=missing)
+    if missing:
+        _rebuilt.update(str(path) for path in missing)
+        forget(root, kernels, *missing)
+    for path, problem in found:
         if path.name == RECORD_FILE:
             warn_once(f"kernels:{path}", "cache: %s is %s; its next save writes it again", path, problem)
             continue
@@ -130,18 +141,22 @@ def check(root: Path, kernels: Path) -> int:
     return removed
 
 
-def forget(root: Path, kernels: Path, path: Path) -> None:
-    """Drop `path` from every record under `root` that names it, once it has been removed: the bytes Inductor builds
-    there next are its own, recorded at the next save. Without this, a process that never saves (or is killed, or
-    builds a C++ kernel lazily after its last save) leaves the next start a rebuilt file to remove again."""
-    try:
-        relative = Path(path).relative_to(kernels).as_posix()
-    except ValueError:
-        return
+def forget(root: Path, kernels: Path, *paths: Path) -> None:
+    """Drop `paths` from every record under `root` that names them, once they have been removed: the bytes Inductor
+    builds there next are its own, recorded at the next save. Without this, a process that never saves (or is
+    killed, or builds a C++ kernel lazily after its last save) leaves the next start a rebuilt file to remove
+    again."""
+    relative = set()
+    for path in paths:
+        try:
+            relative.add(Path(path).relative_to(kernels).as_posix())
+        except ValueError:
+            continue
     for rank_dir in rank_dirs(root):
         record = read_record(rank_dir)
-        if record and relative in record:
-            del record[relative]
+        if record and relative & set(record):
+            for name in relative & set(record):
+                del record[name]
             try:
                 atomic_write(rank_dir / RECORD_FILE, (json.dumps(record, indent=0, sort_keys=True) + "\n").encode())
             except OSError:
