@@ -365,6 +365,14 @@ def _hostile_cases(bundle: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
     index[first]["sha256"], index[second]["sha256"] = index[second]["sha256"], index[first]["sha256"]
     ms[i] = (ms[i][0], json.dumps(index).encode())
     add("index records swapped", m, ms, "does not match the record's content hash")
+    m, ms = _members(bundle)   # another entry's index (its records name where they were written), swapped in
+    i = _member_index(ms, "/index.json")
+    index = json.loads(ms[i][1])
+    for record in index.values():
+        record["entry"] = f"{'f' * 20}/rank_0_0"
+    ms[i] = (ms[i][0], json.dumps(index).encode())
+    add("index of another entry", m, ms, f"index.json was written for {'f' * 20}/rank_0_0, not for "
+        f"{entry_hash}/rank_0_0 (copied or swapped in from another entry)")
     m, ms = _members(bundle)
     i = _member_index(ms, ".main.so")
     ms[i] = (ms[i][0], _flip(ms[i][1], 0.9))
@@ -382,7 +390,7 @@ def test_hostile_manifests_and_damage_behind_recomputed_hashes_are_refused_witho
     an OSError would escape `vgc_main` and fail the test), and nothing is written under the root or outside it."""
     _, bundle, _ = packed
     cases = _hostile_cases(bundle, tmp_path)
-    assert len(cases) == 18
+    assert len(cases) == 19
     root = tmp_path / "root"
     for name, (path, reason) in cases.items():
         _unpack_and_verify_refuse(root, name, path, reason, capsys)

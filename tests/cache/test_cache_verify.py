@@ -257,3 +257,84 @@ def test_an_index_swapped_in_is_named_with_the_artifacts_it_fails(copy, capsys):
     code, out = verify(capsys, copy)
     assert code == 1 and out.count("content hash differs from the one recorded in index.json (the file or the "
                                    "index changed)") == 2, out
+
+
+# ---- an index swapped between two entries (issue 51) ----
+class _Saved:
+    """A stand-in for a compiled artifact: its text is what it computes."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+@pytest.fixture
+def two_entries(tmp_path, monkeypatch):
+    """(root, stores): two entries' rank directories, each with two artifacts of the same names saved through the
+    real store (the artifact files are stand-ins written and read by the patched save and load)."""
+    from vgc import _compat, log
+    from vgc.cache.store import ArtifactStore
+
+    monkeypatch.setattr(_compat, "save_artifact", lambda artifact, path, fmt: Path(path).write_text(artifact.text))
+    monkeypatch.setattr(_compat, "load_artifact", lambda path, fmt: _Saved(Path(path).read_text()))
+    log._warned.clear()
+    stores = {}
+    for entry in ("a" * 20, "b" * 20):
+        store = ArtifactStore(tmp_path / CACHE_SUBDIR / entry / "rank_0_0", "binary")
+        for piece in ("piece-1", "piece-2"):
+            store.load_or_compile(piece, lambda: _Saved(f"{piece} of {entry}"), {})
+        stores[entry] = store
+    return tmp_path, stores
+
+
+def _swap_indexes(stores) -> None:
+    first, second = (s.directory / INDEX_FILE for s in stores.values())
+    data = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(data)
+
+
+def test_an_index_swapped_between_entries_is_one_warning_a_miss_and_a_rebuilt_index(two_entries, caplog):
+    """Issue 51: an index swapped in from another entry made every intact artifact read as "unusable (content hash
+    differs)", one warning each, and its records stayed. Now each record names the entry and rank it was written
+    for: the start warns once, naming the index and the entry it belongs to, counts it as damage once, compiles
+    the artifacts (never loads the other entry's) and writes an index of its own."""
+    import logging
+
+    from vgc import log
+    from vgc.cache.store import ArtifactStore
+
+    root, stores = two_entries
+    _swap_indexes(stores)
+    log._warned.clear()
+    directory = stores["a" * 20].directory
+    store = ArtifactStore(directory, "binary")   # a new process's view of the entry
+    with caplog.at_level(logging.WARNING, logger="vgc"):
+        got = [store.load_or_compile(p, lambda p=p: _Saved(f"{p} of {'a' * 20}, compiled again"), {})
+               for p in ("piece-1", "piece-2")]
+    assert [f.artifact.text for f in got] == [f"piece-{i} of {'a' * 20}, compiled again" for i in (1, 2)]
+    assert [f.counts for f in got] == [{"cache_corrupt": 1, "cache_misses": 1, "inductor_compiles": 1,
+                                        "artifacts_saved": 1},
+                                       {"cache_misses": 1, "inductor_compiles": 1, "artifacts_saved": 1}]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert f"cache index {directory / INDEX_FILE} was written for {'b' * 20}/rank_0_0, not for {'a' * 20}/rank_0_0" \
+        in warning and "compiled again" in warning, warning
+    index = json.loads((directory / INDEX_FILE).read_text())
+    assert sorted(index) == ["piece-1", "piece-2"] and {r["entry"] for r in index.values()} == {f"{'a' * 20}/rank_0_0"}
+    log._warned.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vgc"):   # the next start loads its own artifacts, quietly
+        again = ArtifactStore(directory, "binary").load("piece-1")
+    assert again.artifact.text == f"piece-1 of {'a' * 20}, compiled again" and caplog.records == []
+
+
+def test_verify_names_an_index_swapped_between_entries_once(two_entries, capsys):
+    root, stores = two_entries
+    assert verify_root(root) == []
+    _swap_indexes(stores)
+    code, out = verify(capsys, root)
+    bad = [line for line in out.splitlines() if line.startswith("BAD")]
+    assert code == 1 and len(bad) == 2, out   # one line per index, none per artifact
+    for mine, other in (("a" * 20, "b" * 20), ("b" * 20, "a" * 20)):
+        assert any(f"{mine}/rank_0_0/index.json: written for {other}/rank_0_0, not for {mine}/rank_0_0" in line
+                   for line in bad), out
+    assert "unindexed" not in out and "content hash" not in out, out

@@ -43,7 +43,7 @@ from vgc.cache.keys import compiles, diff_factors, environment_factors
 from vgc.cache.layout import (ARTIFACT_DIR, atomic_file, CACHE_SUBDIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR,
                               make_private_dirs, saved_trace_files_in, TRACE_PREFIX, TRACE_SUFFIX, untrusted_reason)
 from vgc.cache.recovery import INDUCTOR_SUBDIR
-from vgc.cache.store import content_hash, factors_problem, record_problem
+from vgc.cache.store import bound_elsewhere, content_hash, factors_problem, record_problem
 
 logger = logging.getLogger("vgc")
 
@@ -348,6 +348,11 @@ def _index_problems(base: str, files: dict[str, Any], read_json) -> list[str]:
     index = read_json(name)
     if not isinstance(index, dict):
         return [f"{name} is not a JSON object of artifact records: a start would compile every artifact again"]
+    binding = base[len(CACHE_SUBDIR) + 1:]   # <entry>/<rank>
+    elsewhere = bound_elsewhere(index, binding)
+    if elsewhere:
+        return [f"{name} was written for {', '.join(elsewhere[:2])}, not for {binding} (copied or swapped in from "
+                "another entry); the entry inside the bundle is damaged"]
     problems = []
     for artifact, record in sorted(index.items()):
         problem = record_problem(record)

@@ -35,10 +35,29 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+BINDING = "entry"   # the index record field naming the entry and rank it was written for (`index_binding`)
+
+
+def index_binding(rank_dir: Path) -> str:
+    """What each index record names as the place it was written for: `<entry hash>/<rank dir>`. Two entries of one
+    model name their artifacts alike; an index copied or swapped in from another entry (or rank) is told by this,
+    instead of by each intact artifact failing a hash that was never its own."""
+    return f"{rank_dir.parent.name}/{rank_dir.name}"
+
+
+def bound_elsewhere(index: dict[str, Any], binding: str) -> list[str]:
+    """The other places (`index_binding`) that records of `index` were written for, sorted; records of an older
+    vgc, which name none, are taken as this place's."""
+    return sorted({r[BINDING] for r in index.values() if isinstance(r, dict) and isinstance(r.get(BINDING), str)
+                   and r[BINDING] != binding})
+
+
 def record_problem(record: Any) -> str | None:
     """What is wrong with an index record's form (not its file), or None."""
     if not isinstance(record, dict):
         return f"a record must be an object, got {type(record).__name__}"
+    if BINDING in record and not isinstance(record[BINDING], str):
+        return f"bad {BINDING!r} {record[BINDING]!r}"
     name = record.get("file")
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
         return f"bad 'file' {name!r}"
@@ -121,6 +140,7 @@ class ArtifactStore:
         self.kernels = kernels if kernels is not None or kernel_root is None else kernel_root / recovery.INDUCTOR_SUBDIR
         self.saving = create
         self._kernels_checked = False
+        self._foreign_index = ""   # "found": read_index left out records written for another entry; "counted"
         if create:
             self._repair_layout()
             make_private_dirs(self.directory / ARTIFACT_DIR)
@@ -167,7 +187,10 @@ class ArtifactStore:
         return FileLock(str(self.directory / LOCK_DIR / "index.lock"))
 
     def read_index(self) -> dict[str, Any]:
-        """The index's well-formed records; anything unreadable or malformed is left out, with one warning."""
+        """The index's well-formed records written for this entry and rank; anything unreadable or malformed is
+        left out, with one warning, and so are records written for another entry (an index copied or swapped in),
+        with one warning for the index: those artifacts are misses, and each save writes the index again without
+        them."""
         path = self.directory / INDEX_FILE
         try:
             if not path.exists():
@@ -180,11 +203,19 @@ class ArtifactStore:
         if not isinstance(index, dict):
             warn_once(f"index:{path}", "cache index %s is not a JSON object; its artifacts count as misses", path)
             return {}
+        binding = index_binding(self.directory)
+        elsewhere = bound_elsewhere(index, binding)
+        if elsewhere:
+            self._foreign_index = self._foreign_index or "found"
+            warn_once(f"index:{path}", "cache index %s was written for %s, not for %s (copied or swapped in from "
+                      "another entry); its records there are left out: those artifacts are compiled again and the "
+                      "index is written again without them", path, ", ".join(elsewhere[:2]), binding)
         good = {}
         for name, record in index.items():
             problem = record_problem(record)
             if problem is None:
-                good[name] = record
+                if record.get(BINDING, binding) == binding:
+                    good[name] = record
             else:
                 warn_once(f"record:{path}:{name}", "cache index %s: record %r is malformed (%s); a miss", path, name,
                           problem)
@@ -241,6 +272,9 @@ class ArtifactStore:
         for reasons outside the file (a damaged kernel in Inductor's cache), and a good artifact is never lost."""
         damaged = self._check_kernels()
         fetched = self._load(name)
+        if self._foreign_index == "found":   # the index's damage, counted once, with the first fetch after it
+            self._foreign_index = "counted"
+            damaged += 1
         if damaged:   # counted with this artifact's fetch, found or not
             fetched = Fetched(None, {}) if fetched is None else fetched
             fetched = Fetched(fetched.artifact, {**fetched.counts,
@@ -346,6 +380,7 @@ class ArtifactStore:
         else:
             os.replace(tmp, path)  # a directory rename is atomic too: readers never see half an unpacked dir
         record.update(meta, file=path.name, format=self.format, created=time.time())
+        record[BINDING] = index_binding(self.directory)
         self._update_index(name, record)
         if self.kernel_root is not None:   # the kernels this artifact's compile built are under the root now
             self._record_kernels()

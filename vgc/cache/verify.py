@@ -13,7 +13,7 @@ from vgc.cache import json_data, kernel_hashes, recovery, saved_traces
 from vgc.cache.inventory import _read_only_store, Entry
 from vgc.cache.layout import (ARTIFACT_DIR, CACHE_SUBDIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR, saved_trace_files_in,
                               untrusted_reason)
-from vgc.cache.store import factors_problem, record_problem
+from vgc.cache.store import BINDING, bound_elsewhere, factors_problem, index_binding, record_problem
 
 
 class CannotVerify(ValueError):
@@ -144,8 +144,8 @@ def _check_rank_dir(entry: Entry, rank_dir: Path, report: Verification) -> None:
 
 
 def _check_index(path: Path, report: Verification) -> dict[str, Any] | None:
-    """The index's records as stored (well-formed or not), None when the index is unusable as a whole; each
-    problem a start would warn about is bad."""
+    """The index's records as stored (well-formed or not) that were written for this rank directory, None when the
+    index is unusable as a whole or none of it is this rank's; each problem a start would warn about is bad."""
     if not os.path.lexists(path):
         return {}   # no artifact saved yet: every artifact is a miss anyway
     try:
@@ -160,6 +160,15 @@ def _check_index(path: Path, report: Verification) -> dict[str, Any] | None:
         report.bad.append((path, f"not a JSON object (a {type(index).__name__}); every artifact of this rank is a "
                                  "miss"))
         return None
+    binding = index_binding(path.parent)
+    elsewhere = bound_elsewhere(index, binding)
+    if elsewhere:
+        report.bad.append((path, f"written for {', '.join(elsewhere[:2])}, not for {binding} (copied or swapped in "
+                                 "from another entry); a start leaves those records out and compiles their "
+                                 "artifacts again"))
+        index = {name: r for name, r in index.items() if not isinstance(r, dict) or r.get(BINDING, binding) == binding}
+        if not index:
+            return None   # nothing of this rank's: its artifacts are not "unindexed", the index is bad
     for name, record in sorted(index.items()):
         problem = record_problem(record)
         if problem:
