@@ -15,6 +15,7 @@ import torch
 
 from vgc import _compat
 from vgc._version import __version__
+from vgc.cache.cpu_isa import remember_cpu_isa_probes
 from vgc.distributed import rank_and_size
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -39,7 +40,10 @@ def _device_factors(device_type: str, compiles: bool) -> dict[str, Any]:
         return {"device_name": props.name, "device_capability": f"{props.major}.{props.minor}",
                 "cuda_version": torch.version.cuda, "triton_version": _triton_version()}
     # CPU kernels are C++ specialised for the vector ISA of the machine that generated them (found by building
-    # probe programs: seconds on a fresh machine, not spent where no piece is compiled).
+    # probe programs: seconds on a fresh machine, not spent where no piece is compiled; a probe that passed once
+    # on this machine is remembered, for `vgc cache verify FILE`, `unpack` and `why-miss` as for a start).
+    if compiles:
+        remember_cpu_isa_probes()
     return {"machine": platform.machine(), **({"cpu_vec_isa": _compat.cpu_vec_isa()} if compiles else {})}
 
 
