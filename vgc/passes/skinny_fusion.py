@@ -130,6 +130,17 @@ def _val(node):
     return node.meta.get("val") if isinstance(node, fx.Node) else None
 
 
+def _arg(node: fx.Node, index: int, default):
+    """The node's positional argument `index`, or `default` where the call left it out."""
+    return node.args[index] if len(node.args) > index else default
+
+
+def _items(node: fx.Node) -> dict[int, fx.Node]:
+    """The `getitem` readers of a node that returns several tensors (a split, a fused op's sum and product), by
+    index."""
+    return {u.args[1]: u for u in node.users if u.target is operator.getitem}
+
+
 def _only_user(node: fx.Node, user: fx.Node) -> bool:
     return len(node.users) == 1 and user in node.users
 
@@ -180,7 +191,7 @@ def _rstd_eps(rstd, c):
         mean, eps = eps, mean
     if not isinstance(eps, (int, float)) or not _is(mean, aten.mean.dim) or rstd.args[0].kwargs:
         return None
-    square, dims, keepdim = (list(mean.args) + [False])[:3]
+    square, dims, keepdim = mean.args[0], _arg(mean, 1, None), _arg(mean, 2, False)
     if not (keepdim or mean.kwargs.get("keepdim")) or not _last_dim(dims, _val(c).dim()):
         return None
     if _is(square, aten.pow.Tensor_Scalar) and square.args == (c, 2):
@@ -205,10 +216,10 @@ def _halves(y: fx.Node, columns):
     last = _val(y).dim() - 1
     if len(users) == 1 and _is(users[0], aten.split.Tensor, aten.split_with_sizes.default):
         split = users[0]
-        sizes, dim = (list(split.args) + [0])[1:3]
+        sizes, dim = split.args[1], _arg(split, 2, 0)
         if dim not in (-1, last) or sizes not in (half, [half, half]):
             return None
-        parts = {u.args[1]: u for u in split.users if u.target is operator.getitem}
+        parts = _items(split)
         if len(parts) != 2 or len(split.users) != 2:
             return None
         return parts[0], parts[1]
@@ -291,8 +302,7 @@ def fuse_rotary(graph: fx.Graph) -> int:
             continue
         product = node
         if add:
-            outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
-            product = outs.get(1)
+            product = _items(node).get(1)
             if product is None:
                 continue
         rope = _rope_of(product)
@@ -315,10 +325,10 @@ def _rope_of(mm: fx.Node):
     if len(users) != 1 or not _is(users[0], aten.split_with_sizes.default):
         return None
     split = users[0]
-    sizes, dim = (list(split.args) + [0])[1:3]
+    sizes, dim = split.args[1], _arg(split, 2, 0)
     if dim not in (-1, 1) or len(sizes) < 3:
         return None
-    parts = {u.args[1]: u for u in split.users if u.target is operator.getitem}
+    parts = _items(split)
     found, source = [], None
     for index in (0, 1):   # q, then k
         part = parts.get(index)
@@ -352,9 +362,9 @@ def _neox_rotation(heads: fx.Node, head_dim: int):
     if _to_float32(c) is not heads or len(c.users) != 1:
         return None
     split = next(iter(c.users))
-    if not _is(split, aten.split.Tensor) or split.args[1] != head_dim // 2 or (list(split.args) + [0])[2] not in (-1, 2):
+    if not _is(split, aten.split.Tensor) or split.args[1] != head_dim // 2 or _arg(split, 2, 0) not in (-1, 2):
         return None
-    halves = {u.args[1]: u for u in split.users if u.target is operator.getitem}
+    halves = _items(split)
     if set(halves) != {0, 1}:
         return None
     x1, x2 = halves[0], halves[1]
@@ -371,7 +381,7 @@ def _neox_rotation(heads: fx.Node, head_dim: int):
     if len(cats) != 1:
         return None
     cat = cats.pop()
-    if not _is(cat, aten.cat.default) or len(cat.args[0]) != 2 or (list(cat.args) + [0])[1] not in (-1, 2):
+    if not _is(cat, aten.cat.default) or len(cat.args[0]) != 2 or _arg(cat, 1, 0) not in (-1, 2):
         return None
     minus, plus = cat.args[0]
     if not _is(minus, aten.sub.Tensor) or not _is(plus, aten.add.Tensor):
