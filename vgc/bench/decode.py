@@ -32,8 +32,8 @@ from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs
 
 ROWS = ("eager", "inductor default", "inductor reduce-overhead", "vgc NONE", "vgc PIECEWISE", "vgc FULL",
         "vgc FULL_AND_PIECEWISE", "vgc F&P cuBLAS", "vgc F&P unfused", "vgc F&P + fused RoPE",
-        "vgc F&P + Inductor PDL", "vgc F&P tuned [1]", "vgc F&P eager pieces", "breakable + whole decode", "breakable", "drop-in PIECEWISE",
-        "drop-in FULL", "drop-in FULL_AND_PIECEWISE")
+        "vgc F&P + Inductor PDL", "vgc F&P tuned [1]", "vgc F&P eager pieces", "breakable + whole decode", "breakable",
+        "drop-in PIECEWISE", "drop-in FULL", "drop-in FULL_AND_PIECEWISE")
 """The rows main() builds, in order: what --only accepts, known before a model is built."""
 
 

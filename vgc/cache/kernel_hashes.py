@@ -118,11 +118,9 @@ def check(root: Path, kernels: Path) -> int:
     here, and a C++ build elsewhere (another directory, another machine) need not give the recorded bytes: its
     record is dropped as for a removed file, so the bytes built here are recorded instead of removed by the next
     start."""
-    removed, missing = 0, []
+    missing = []
     found = mismatches(root, kernels, missing=missing)
-    if missing:
-        _rebuilt.update(str(path) for path in missing)
-        forget(root, kernels, *missing)
+    gone = list(missing)   # every record naming these is dropped once, below
     for path, problem in found:
         if path.name == RECORD_FILE:
             warn_once(f"kernels:{path}", "cache: %s is %s; its next save writes it again", path, problem)
@@ -132,10 +130,12 @@ def check(root: Path, kernels: Path) -> int:
         except OSError as e:
             warn_once(f"kernel:{path}", "cache: %s %s, and cannot be removed (%s)", path, problem, e.strerror or e)
             continue
-        _rebuilt.add(str(path))
-        forget(root, kernels, path)
-        removed += 1
+        gone.append(path)
         warn_once(f"kernel:{path}", "cache: %s %s; removed it, Inductor builds it again", path, problem)
+    if gone:
+        _rebuilt.update(str(path) for path in gone)
+        forget(root, kernels, *gone)
+    removed = len(gone) - len(missing)
     if removed:
         _compat.clear_inductor_memory_caches()   # a module or library loaded from the removed file must not be reused
     return removed
