@@ -108,19 +108,27 @@ def _fused_reference(a, residual, w, norm_weight, eps, silu_mul, rope=None):
         cos, sin, columns, head_dim = rope
         heads = p[:, :columns].unflatten(-1, (-1, head_dim))
         first, second = heads.chunk(2, dim=-1)
-        c, s = cos[:, :head_dim // 2].double().unsqueeze(1), sin[:, :head_dim // 2].double().unsqueeze(1)
-        p = torch.cat((torch.cat((first * c - second * s, second * c + first * s), -1).flatten(1), p[:, columns:]), -1)
+        half = head_dim // 2
+        c, s = cos[:, :half].double().unsqueeze(1), sin[:, :half].double().unsqueeze(1)
+        if cos.shape[-1] == head_dim:   # full-width tables: each column its own angle (transformers' rotate_half)
+            c2, s2 = cos[:, half:].double().unsqueeze(1), sin[:, half:].double().unsqueeze(1)
+        else:
+            c2, s2 = c, s
+        p = torch.cat((torch.cat((first * c - second * s, second * c2 + first * s2), -1).flatten(1), p[:, columns:]),
+                      -1)
     return h, p
 
 
-@pytest.mark.parametrize("add,silu_mul,rope", [(False, False, False), (False, True, False), (True, False, False),
-                                               (True, True, False), (False, False, True), (True, False, True)])
+@pytest.mark.parametrize("add,silu_mul,rope", [(False, False, None), (False, True, None), (True, False, None),
+                                               (True, True, None), (False, False, "half"), (True, False, "half"),
+                                               (False, False, "full"), (True, False, "full")])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_the_fused_skinny_matmuls_match_a_float64_reference(add, silu_mul, rope, rows, monkeypatch):
     """`vgc::skinny_mm_fused` (norm, product, gate or rotary embedding) and `vgc::skinny_mm_add_fused` (a residual
     add first): one row runs the fused kernel (CUDA, or Triton's interpreter on the CPU); more rows, or no Triton,
     run the parts one after another. Both against float64, the weight in a (2048, 512) and an odd (48, 70) shape
-    (rotated: heads of 16, the first 32 or 1024 columns, cos and sin in rows wider than the half head)."""
+    (rotated: heads of 16, the first 32 or 1024 columns; "half": 8 values per row, taken from a strided view of
+    wider rows; "full": 16 independent values per row, so each half of a head turns by its own)."""
     monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
     device = triton_device() or "cpu"
     dtypes = (torch.float16, torch.bfloat16) if device == "cuda" else (torch.float16,)
@@ -133,7 +141,9 @@ def test_the_fused_skinny_matmuls_match_a_float64_reference(add, silu_mul, rope,
             norm_weight = (torch.rand(k, generator=gen, device=device) + 0.5).to(dtype)
             tables = None
             if rope:
-                angles = torch.rand(rows, 16, generator=gen, device=device) * 6.3   # 8 used of 16 per row
+                angles = torch.rand(rows, 16, generator=gen, device=device) * 6.3
+                if rope == "half":
+                    angles = angles[:, ::2]   # 8 per row, strided
                 tables = (angles.cos(), angles.sin(), min(n // 2 // 16 * 16, 1024), 16)
             if rows == 1 and triton_device() is not None:
                 assert uses_fused_kernel(a, w.t(), norm_weight, residual)

@@ -81,7 +81,11 @@ def uses_fused_kernel(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tenso
 
 
 def _rope(cos, sin, rope_columns: int, head_dim: int):
-    return None if cos is None else (cos, sin, rope_columns, head_dim)
+    if cos is None:
+        return None
+    if cos.shape != sin.shape or cos.stride() != sin.stride():   # the kernels step through both alike
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return cos, sin, rope_columns, head_dim
 
 
 def _parts(product: torch.Tensor, silu_mul: bool, rope) -> torch.Tensor:
@@ -96,8 +100,10 @@ def skinny_mm_fused(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor,
                     cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, rope_columns: int = 0,
                     head_dim: int = 0) -> torch.Tensor:
     """`(rms_norm(a) * norm_weight) @ b`, then `silu(p[:, :n]) * p[:, n:]` if `silu_mul` (n: half of b's columns),
-    or, with `cos` and `sin` (each row's `head_dim / 2` values first), the rotary embedding (NeoX halves) of the
-    product's first `rope_columns` columns, heads of `head_dim` (q and k, before v).
+    or, with `cos` and `sin`, the rotary embedding (NeoX halves) of the product's first `rope_columns` columns,
+    heads of `head_dim` (q and k, before v): one row of `head_dim / 2` values per row of `a`, shared by both halves
+    of a head (vgc's Llama), or of `head_dim` values, one per column (transformers' `q * cos + rotate_half(q) *
+    sin`).
 
     One row: one launch of vgc's kernel. More rows: RMSNorm, SiLU-and-multiply and the rotation as vgc's row
     kernels on CUDA (torch's ops elsewhere) around `torch.mm`, each rounding where the unfused graph does."""

@@ -32,14 +32,30 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
+def rope_table_offset(table, head_dim: int) -> int:
+    """Where, in elements from a row's value d, a rotation table holds the value for column d + head_dim / 2 of a
+    head: the same value (0) in a half-width table (vgc's Llama), the second half's in a full-width one
+    (transformers' `cat((freqs, freqs))`, whose halves the graph cannot be shown to be equal)."""
+    width = table.shape[-1]
+    if width == head_dim // 2:
+        return 0
+    if width == head_dim:
+        return head_dim // 2 * table.stride(-1)
+    raise ValueError(f"a rotation table of {width} values per row for heads of {head_dim}: it must hold "
+                     f"{head_dim // 2} (the half each pair shares) or {head_dim} (one per column)")
+
+
 def rope_reference(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, columns: int, head_dim: int):
     """`y` with the rotary embedding (NeoX halves) on its first `columns` columns, heads of `head_dim`; `cos` and
-    `sin` hold each row's `head_dim / 2` values first."""
+    `sin` hold each row's `head_dim / 2` values (shared by both halves of a head) or `head_dim` values (one per
+    column, as transformers' `q * cos + rotate_half(q) * sin`)."""
     half = head_dim // 2
+    second_half = half if rope_table_offset(cos, head_dim) else 0
     heads = y[:, :columns].float().unflatten(-1, (-1, head_dim))
     first, second = heads[..., :half], heads[..., half:]
-    c, s = cos[:, :half].float().unsqueeze(1), sin[:, :half].float().unsqueeze(1)
-    rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1).flatten(1).to(y.dtype)
+    c1, s1 = (t[:, :half].float().unsqueeze(1) for t in (cos, sin))
+    c2, s2 = (t[:, second_half:second_half + half].float().unsqueeze(1) for t in (cos, sin))
+    rotated = torch.cat((first * c1 - second * s1, second * c2 + first * s2), dim=-1).flatten(1).to(y.dtype)
     return torch.cat((rotated, y[:, columns:]), dim=-1)
 
 
@@ -77,7 +93,8 @@ if HAS_TRITON:
         tl.store(out + row * stride_om + cols, (silu * up).to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _rope_kernel(y, cos, sin, pairs, stride_ym, stride_cm, stride_cd, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    def _rope_kernel(y, cos, sin, pairs, stride_ym, stride_cm, stride_cd, second_half, HALF: tl.constexpr,
+                     BLOCK: tl.constexpr):
         row = tl.program_id(0)
         pair = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = pair < pairs
@@ -87,8 +104,10 @@ if HAS_TRITON:
         second = tl.load(y + row * stride_ym + col + HALF, mask=mask, other=0.0).to(tl.float32)
         c = tl.load(cos + row * stride_cm + d * stride_cd, mask=mask, other=1.0).to(tl.float32)
         s = tl.load(sin + row * stride_cm + d * stride_cd, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(cos + row * stride_cm + d * stride_cd + second_half, mask=mask, other=1.0).to(tl.float32)
+        s2 = tl.load(sin + row * stride_cm + d * stride_cd + second_half, mask=mask, other=0.0).to(tl.float32)
         tl.store(y + row * stride_ym + col, (first * c - second * s).to(y.dtype.element_ty), mask=mask)
-        tl.store(y + row * stride_ym + col + HALF, (second * c + first * s).to(y.dtype.element_ty), mask=mask)
+        tl.store(y + row * stride_ym + col + HALF, (second * c2 + first * s2).to(y.dtype.element_ty), mask=mask)
 
     _launch_rms_norm = FastLauncher(_rms_norm_kernel)
     _launch_rope = FastLauncher(_rope_kernel)
@@ -144,5 +163,6 @@ def rope_(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, columns: int, h
     pairs = columns // 2
     if y.shape[0] and pairs:
         _launch_rope((y.shape[0], triton.cdiv(pairs, 512)), (y, cos, sin),
-                     (pairs, y.stride(0), cos.stride(0), cos.stride(-1)), HALF=head_dim // 2, BLOCK=512, num_warps=4)
+                     (pairs, y.stride(0), cos.stride(0), cos.stride(-1), rope_table_offset(cos, head_dim)),
+                     HALF=head_dim // 2, BLOCK=512, num_warps=4)
     return y

@@ -25,6 +25,7 @@ except ImportError:  # CPU-only installs: the op uses torch.mm
     triton = None
 
 from vgc.ops.triton_launch import FastLauncher
+from vgc.ops.triton_rows import rope_table_offset
 
 HAS_TRITON = triton is not None
 
@@ -91,7 +92,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _gemv_kernel(a, b, c, norm_w, residual, h, cos, sin, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                     stride_cm, stride_cn, stride_rk, stride_cd, rot_cols, eps,
+                     stride_cm, stride_cn, stride_rk, stride_cd, second_half, rot_cols, eps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
                      ADD: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, ROPE: tl.constexpr,
                      HALF: tl.constexpr):
@@ -100,8 +101,9 @@ if HAS_TRITON:
         # `norm_w`, its scale applied to the sums (one pass over the row). GATED: `silu(gate) * up` of the
         # product's two halves, each program taking gate column j and up column N + j side by side (rows
         # interleaved), so the pair meets in the same registers. ROPE: rotary embedding of the first `rot_cols`
-        # columns, heads of 2 * HALF: each program takes pairs of columns d and d + HALF of a head (the row's
-        # position's `cos`/`sin` at d), output columns where the product's are.
+        # columns, heads of 2 * HALF: each program takes pairs of columns d and d + HALF of a head, output columns
+        # where the product's are; column d turns by the row's `cos`/`sin` at d, column d + HALF by those at
+        # d + `second_half` (0 for half-width tables, HALF's offset for full-width ones).
         PAIRED: tl.constexpr = GATED or ROPE
         ROWS: tl.constexpr = 2 * BLOCK_N if PAIRED else BLOCK_N
         pid = tl.program_id(0)
@@ -169,8 +171,10 @@ if HAS_TRITON:
                 rotated = (col < rot_cols) & (pair < N)
                 cos_d = tl.load(cos + d * stride_cd, mask=rotated, other=1.0).to(tl.float32)
                 sin_d = tl.load(sin + d * stride_cd, mask=rotated, other=0.0).to(tl.float32)
+                cos_h = tl.load(cos + d * stride_cd + second_half, mask=rotated, other=1.0).to(tl.float32)
+                sin_h = tl.load(sin + d * stride_cd + second_half, mask=rotated, other=0.0).to(tl.float32)
                 tl.store(c + col * stride_cn, (first * cos_d - second * sin_d).to(c.dtype.element_ty), mask=pair < N)
-                tl.store(c + (col + HALF) * stride_cn, (second * cos_d + first * sin_d).to(c.dtype.element_ty),
+                tl.store(c + (col + HALF) * stride_cn, (second * cos_h + first * sin_h).to(c.dtype.element_ty),
                          mask=pair < N)
             else:
                 tl.store(c + rn * stride_cn, out.to(c.dtype.element_ty), mask=rn < N)
@@ -191,7 +195,8 @@ def skinny_mm_into(out, a, b, tile: Tile | None = None, pdl: bool = False, norm_
     `norm_weight` (with `eps`): the row is RMS-normalised and scaled by it; `gated`: `out = silu(p[:, :n]) *
     p[:, n:]` for the product `p` and `n` the columns of `out` (half of `b`'s); `rope` (cos, sin, rotated columns,
     head dim): the first columns of the product, heads of `head dim`, get the rotary embedding (NeoX halves) of
-    the row's position, `cos` and `sin` its `head dim / 2` values (any row stride).
+    the row's position, `cos` and `sin` its `head dim / 2` values, or `head dim` values whose second half turns
+    the second half of each head (transformers' tables; `rope_table_offset`), any row stride.
     """
     m, k = a.shape
     n = out.shape[1]
@@ -205,12 +210,13 @@ def skinny_mm_into(out, a, b, tile: Tile | None = None, pdl: bool = False, norm_
     tile = tile or choose_tile(m, b.shape[1], k, norm_weight is not None, gated or rope is not None)
     assert m <= tile.block_m <= GEMV_MAX_M, f"{m} rows in a tile of {tile.block_m}"
     cos, sin, rot_cols, head_dim = rope if rope is not None else (a, a, 0, 2)
+    second_half = rope_table_offset(cos, head_dim) if rope is not None else 0
     columns = n // 2 if rope is not None else n   # a rotated product is launched by pairs of columns
     _launch((triton.cdiv(columns, tile.block_n),),
             (a, b, out, a if norm_weight is None else norm_weight, a if residual is None else residual,
              out if h is None else h, cos, sin),
             (m, columns, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-             1 if residual is None else residual.stride(-1), cos.stride(-1), rot_cols, float(eps)),
+             1 if residual is None else residual.stride(-1), cos.stride(-1), second_half, rot_cols, float(eps)),
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PDL=pdl,
             ADD=residual is not None, NORM=norm_weight is not None, GATED=gated, ROPE=rope is not None,
             HALF=head_dim // 2,

@@ -30,6 +30,7 @@ import operator
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from vgc.ops.skinny_mm import DTYPES
 
@@ -61,13 +62,14 @@ def _fuse(graph: fx.Graph, mm: fx.Node) -> int:
     replaced, view = gated or (mm, None)   # the node the fused op's product replaces, and a reshape before it
     shape_args = [*(flatten.args[1:] if flatten is not None else ()), *(view.args[1:] if view is not None else ())]
     added = _residual_sum(x)
-    if added is not None and flatten is not None and not all(isinstance(d, int) for d in _val(x).shape):
+    sum_shape = _shape_args(graph, _val(x).shape) if added is not None and flatten is not None else []
+    if sum_shape is None:
         added = None   # the sum would need reshaping back to sizes the graph holds no node for
     # The fused op goes right after the last node it reads; it must come before every reader of what it replaces
     # (the product, the sum). A sum that cannot be placed so is left to Inductor, then the whole fusion.
     order = {node: i for i, node in enumerate(graph.nodes)}
     for with_sum in dict.fromkeys((added is not None, False)):
-        reads = [*(added.args if with_sum else [x]), b, norm_weight, *shape_args]
+        reads = [*(added.args if with_sum else [x]), b, norm_weight, *shape_args, *(sum_shape if with_sum else ())]
         readers = [*mm.users, *([u for u in added.users if u is not norm_reader] if with_sum else ())]
         where = max(_nodes_in(reads), key=order.__getitem__).next
         if all(order[where] <= order[u] for u in readers):
@@ -89,13 +91,32 @@ def _fuse(graph: fx.Graph, mm: fx.Node) -> int:
                          (x, residual, b, norm_weight, float(eps), bool(gated)))
             total, out = (_call(graph, operator.getitem, (both, i)) for i in (0, 1))
             if flatten is not None:
-                total = _call(graph, aten.reshape.default, (total, list(_val(added).shape)))
+                total = _call(graph, aten.reshape.default, (total, sum_shape))
         if view is not None:   # back to the [B, T, N] the replaced node had
             out = _call(graph, aten.reshape.default, (out, list(view.args[1][:-1]) + [_val(replaced).shape[-1]]))
     replaced.replace_all_uses_with(out)
     if added is not None:
         added.replace_all_uses_with(total, delete_user_cb=lambda user: user is not norm_reader)
     return 1
+
+
+def _shape_args(graph: fx.Graph, shape) -> list | None:
+    """`shape` as a reshape's argument: its ints, and for each symbolic size the graph's node that holds that size
+    (a placeholder, or a `sym_size`); None if one has no node."""
+    holders = {}
+    for node in graph.nodes:
+        val = _val(node)
+        if isinstance(val, torch.SymInt) and val.node.expr.is_symbol:
+            holders.setdefault(val.node.expr, node)
+    args = []
+    for size in shape:
+        if isinstance(size, int):
+            args.append(size)
+        elif isinstance(size, torch.SymInt) and size.node.expr in holders:
+            args.append(holders[size.node.expr])
+        else:
+            return None
+    return args
 
 
 def _nodes_in(values) -> list[fx.Node]:
@@ -212,32 +233,38 @@ def _output_view(mm: fx.Node):
 def _halves(y: fx.Node, columns):
     """(gate, up) when every reader of `y` takes its first or its second half of `columns` on the last dim."""
     half = columns // 2
+    parts = _column_parts(y, columns)
+    if parts is None or set(parts) != {0, half} or parts[0][0] != half or parts[half][0] != columns:
+        return None
+    return parts[0][1], parts[half][1]
+
+
+def _column_parts(y: fx.Node, columns) -> dict | None:
+    """{first column: (end column, reader)} when every reader of `y` takes one range of its last dim (`columns`
+    wide): the items of one split, or slices; else None."""
     users = list(y.users)
     last = _val(y).dim() - 1
     if len(users) == 1 and _is(users[0], aten.split.Tensor, aten.split_with_sizes.default):
         split = users[0]
         sizes, dim = split.args[1], _arg(split, 2, 0)
-        if dim not in (-1, last) or sizes not in (half, [half, half]):
+        if isinstance(sizes, int):
+            sizes = [sizes] * -(-columns // sizes) if sizes > 0 else []
+        if dim not in (-1, last) or not all(isinstance(size, int) for size in sizes) or sum(sizes) != columns:
             return None
-        parts = _items(split)
-        if len(parts) != 2 or len(split.users) != 2:
+        items = _items(split)
+        if len(items) != len(split.users):
             return None
-        return parts[0], parts[1]
-    if len(users) != 2:
-        return None
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return {starts[i]: (starts[i] + sizes[i], item) for i, item in items.items()}
     found = {}
     for user in users:
-        if not _is(user, aten.slice.Tensor) or user.args[1] not in (-1, last) or len(user.args) < 4:
+        if not _is(user, aten.slice.Tensor) or _arg(user, 1, 0) not in (-1, last) or len(user.args) < 4:
             return None
-        start, end = user.args[2], user.args[3]
-        step = user.args[4] if len(user.args) > 4 else 1
-        if step != 1:
+        start, end, step = user.args[2], min(user.args[3], columns), _arg(user, 4, 1)
+        if not isinstance(start, int) or step != 1 or start in found or not 0 <= start < end:
             return None
-        if start == 0 and end == half:
-            found[0] = user
-        elif start == half and end >= columns:
-            found[1] = user
-    return (found[0], found[1]) if len(found) == 2 else None
+        found[start] = (end, user)
+    return found
 
 
 def _silu_of(node):
@@ -289,9 +316,9 @@ _FUSED = (torch.ops.vgc.skinny_mm_fused.default, torch.ops.vgc.skinny_mm_add_fus
 
 def fuse_rotary(graph: fx.Graph) -> int:
     """Fuse the rotary embedding of q and k into the fused matmul that makes them (after `fuse_skinny_neighbours`):
-    each ungated `vgc::skinny_mm_fused` / `vgc::skinny_mm_add_fused` whose product is split into q, k and the rest,
-    q and k rotated by `_rope_of`'s spelling, takes `cos`, `sin` and the rotated columns, and the heads that read
-    the rotation read its product instead. Returns how many."""
+    each ungated `vgc::skinny_mm_fused` / `vgc::skinny_mm_add_fused` whose product's first columns are q and k,
+    rotated as `_rope_of` matches, takes `cos`, `sin` (one row per product row) and the rotated columns, and the
+    readers of the rotation read the product instead. Returns how many."""
     order = {node: i for i, node in enumerate(graph.nodes)}
     fused = 0
     for node in list(graph.nodes):
@@ -308,8 +335,12 @@ def fuse_rotary(graph: fx.Graph) -> int:
         rope = _rope_of(product)
         if rope is None or any(order[table] > order[node] for table in rope[:2]):
             continue   # the tables are made after the matmul: leave the rotation to Inductor
-        node.args = (*node.args, *rope[:4])
-        for rotated, heads in rope[4]:
+        cos, sin, columns, head_dim, rotations = rope
+        with graph.inserting_before(node):   # one row of the tables per row of the product
+            cos, sin = (t if _val(t).dim() == 2 else _call(graph, aten.reshape.default, (t, [-1, _val(t).shape[-1]]))
+                        for t in (cos, sin))
+        node.args = (*node.args, cos, sin, columns, head_dim)
+        for rotated, heads in rotations:
             rotated.replace_all_uses_with(heads)   # the heads now read the product the kernel rotated
         fused += 1
     if fused:
@@ -319,47 +350,55 @@ def fuse_rotary(graph: fx.Graph) -> int:
 
 def _rope_of(mm: fx.Node):
     """(cos, sin, rotated columns, head dim, [(each rotated head tensor, the heads it rotates)]) when the product's
-    output is split into q, k and the rest, and q and k, viewed as heads, get the NeoX rotary embedding as vgc's
-    Llama spells it: `cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)` of their halves, in fp32, rounded back."""
-    users = list(mm.users)
-    if len(users) != 1 or not _is(users[0], aten.split_with_sizes.default):
+    first columns are q and k, read only as heads that get the NeoX rotary embedding by the same tables, in either
+    spelling (`_neox_rotation`: vgc's Llama; `_half_turn_rotation`: transformers'), and its other readers take
+    later columns."""
+    y, _ = _output_view(mm)
+    columns = _val(y).shape[-1]
+    parts = _column_parts(y, columns) if isinstance(columns, int) else None
+    if not parts or 0 not in parts or parts[0][0] not in parts:
         return None
-    split = users[0]
-    sizes, dim = split.args[1], _arg(split, 2, 0)
-    if dim not in (-1, 1) or len(sizes) < 3:
+    q_end = parts[0][0]
+    rotated_columns = parts[q_end][0]
+    if any(start < rotated_columns for start in parts if start not in (0, q_end)):
         return None
-    parts = _items(split)
-    found, source = [], None
-    for index in (0, 1):   # q, then k
-        part = parts.get(index)
-        if part is None or len(part.users) != 1 or not _is(next(iter(part.users)), *_RESHAPES):
+    found, tables = [], None
+    for start in (0, q_end):
+        part = parts[start][1]
+        if len(part.users) != 1 or not _is(next(iter(part.users)), *_RESHAPES):
             return None
         heads = next(iter(part.users))
         shape = _val(heads).shape
-        if len(shape) != 3 or not isinstance(shape[-1], int) or shape[-1] % 2:
+        head_dim = shape[-1]
+        if len(shape) < 3 or not isinstance(head_dim, int) or head_dim % 2:
             return None
-        match = _neox_rotation(heads, shape[-1])
-        if match is None or (source is not None and match[1:] != source) or len(heads.users) != 1 or \
-                not all(_table(t, shape[-1]) for t in match[1:]):
+        match = _neox_rotation(heads, head_dim) or _half_turn_rotation(heads, head_dim)
+        if match is None or (tables is not None and match[2:] != tables) or \
+                not all(_table(t, shape) for t in match[2:]):
             return None
-        source = match[1:]
-        found.append((match[0], heads))
-    if not all(isinstance(size, int) for size in sizes):
+        tables = match[2:]
+        found.append(match[:2])
+    if _val(found[0][1]).shape[-1] != _val(found[1][1]).shape[-1]:
         return None
-    return (*source, sizes[0] + sizes[1], _val(found[0][1]).shape[-1], found)
+    return (*tables, rotated_columns, _val(found[0][1]).shape[-1], found)
 
 
-def _table(node, head_dim: int) -> bool:
-    """A cos or sin table of one row per token and head_dim / 2 columns."""
+def _table(node, heads_shape) -> bool:
+    """A cos or sin table for heads of `heads_shape` ([..., H, D]): one row per token ([..., D / 2] or
+    [..., D])."""
     val = _val(node)
-    return isinstance(val, torch.Tensor) and val.dim() == 2 and val.shape[-1] == head_dim // 2
+    if not isinstance(val, torch.Tensor) or val.dim() != len(heads_shape) - 1:
+        return False
+    return val.shape[-1] in (heads_shape[-1] // 2, heads_shape[-1]) and \
+        all(statically_known_true(a == b) for a, b in zip(val.shape[:-1], heads_shape[:-2]))
 
 
 def _neox_rotation(heads: fx.Node, head_dim: int):
-    """(the rotated tensor, cos, sin) for vgc's Llama spelling of the rotation of `heads` ([T, H, D]) by
-    `cos`/`sin` ([T, D/2], unsqueezed over the heads)."""
+    """(the rotated tensor, heads, cos, sin) for vgc's Llama spelling of the rotation of `heads` ([T, H, D]) by
+    `cos`/`sin` ([T, D/2], unsqueezed over the heads): `cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)` of its
+    halves, in fp32, rounded back."""
     c = next(iter(heads.users))
-    if _to_float32(c) is not heads or len(c.users) != 1:
+    if len(heads.users) != 1 or _to_float32(c) is not heads or len(c.users) != 1:
         return None
     split = next(iter(c.users))
     if not _is(split, aten.split.Tensor) or split.args[1] != head_dim // 2 or _arg(split, 2, 0) not in (-1, 2):
@@ -392,7 +431,53 @@ def _neox_rotation(heads: fx.Node, head_dim: int):
     out = next(iter(cat.users)) if len(cat.users) == 1 else None
     if not _is(out, _CONVERT) or out.args[1] != _val(heads).dtype:
         return None
-    return out, cos, sin
+    return out, heads, cos, sin
+
+
+def _half_turn_rotation(heads: fx.Node, head_dim: int):
+    """(the rotated tensor, the tensor it rotates, cos, sin) for transformers' spelling of the rotation of `heads`
+    ([B, T, H, D], or its [B, H, T, D] transpose) by `cos`/`sin` ([B, T, D], unsqueezed over the heads):
+    `x * cos + cat(-x2, x1) * sin`, each column by its own value of the tables."""
+    x, heads_dim = heads, _val(heads).dim() - 2
+    if len(heads.users) == 1 and _is(next(iter(heads.users)), aten.permute.default):
+        x = next(iter(heads.users))
+        if list(x.args[1]) != [*range(heads_dim - 1), heads_dim, heads_dim - 1, heads_dim + 1]:
+            return None   # only the heads swapped with the tokens before them
+        heads_dim -= 1
+    half = head_dim // 2
+    last = _val(x).dim() - 1
+    slices = {}
+    for user in x.users:
+        if _is(user, aten.slice.Tensor) and _arg(user, 1, 0) in (-1, last) and _arg(user, 4, 1) == 1:
+            slices[(user.args[2], min(user.args[3], head_dim))] = user
+    x1, x2 = slices.get((0, half)), slices.get((half, head_dim))
+    if len(x.users) != 3 or x1 is None or x2 is None or len(x2.users) != 1 or len(x1.users) != 1:
+        return None
+    neg, cat = next(iter(x2.users)), next(iter(x1.users))
+    if not _is(neg, aten.neg.default) or len(neg.users) != 1 or next(iter(neg.users)) is not cat or \
+            not _is(cat, aten.cat.default) or cat.args[0] != [neg, x1] or _arg(cat, 1, 0) not in (-1, last):
+        return None
+    (straight,) = set(x.users) - {x1, x2}
+    if len(cat.users) != 1 or len(straight.users) != 1:
+        return None
+    turned = next(iter(cat.users))
+    out = next(iter(straight.users))
+    if not _is(out, aten.add.Tensor) or set(out.args) != {straight, turned} or out.kwargs or \
+            _val(out).dtype != _val(x).dtype or tuple(_val(out).shape) != tuple(_val(x).shape):
+        return None
+
+    def table(mul, operand):   # the table of `mul` = operand * unsqueeze(table, heads_dim)
+        if not _is(mul, aten.mul.Tensor) or len(mul.args) != 2 or operand not in mul.args:
+            return None
+        other = mul.args[1] if mul.args[0] is operand else mul.args[0]
+        if _is(other, aten.unsqueeze.default) and other.args[1] in (heads_dim, heads_dim - last - 1):
+            return other.args[0]
+        return None
+
+    cos, sin = table(straight, x), table(turned, cat)
+    if cos is None or sin is None:
+        return None
+    return out, x, cos, sin
 
 
 def _call(graph: fx.Graph, target, args) -> fx.Node:
