@@ -14,6 +14,7 @@ Rows (each on its own copy of the model; vgc's fusion pass rebinds weights):
 - `vgc integration`: `vgc.integrations.transformers.compile(model)`: generate()'s loop on the device (a sampler
   graph after each decode graph, no host sync per token);
 - `vgc integration unfused`: the same with the `skinny_matmul_fusion` pass off (the default before it);
+- `vgc integration (RoPE apart)`: the same with only `skinny_matmul_rope` off (q and k rotated by Inductor's kernels);
 - `vgc integration (host loop)`: the same with `device_loop=False`: transformers' own loop around vgc's decode graphs;
 - `vgc breakable (dynamic cache)`: `vgc.integrations.transformers.breakable(model, batch_sizes=[batch])`: no Dynamo,
   no Inductor; decode steps replay breakable CUDA graphs on the default dynamic cache.
@@ -23,7 +24,8 @@ Inductor and Triton caches), new tokens/s and ms per token (median of `--reps` g
 B, C, A, B, C, ...), the decode forward alone (CUDA events around each one-token model call, in separate generate()
 calls so the events do not slow the timed ones; for the integration rows, its FULL decode graph replayed alone),
 the host µs that call takes to return (what the host spends launching one decode step: the anchor's cudagraph-tree
-replay against vgc's), `over ms` (what generate() spends per token outside the decode step: the median time of a
+replay against vgc's), `kernels` (the integration rows: kernels, memsets and copies in one decode graph, from the
+profiler), `over ms` (what generate() spends per token outside the decode step: the median time of a
 generate() of `--new-tokens` tokens, less that of one token (the prefill and the calls around it), over the tokens
 between, less the decode forward), and how many leading new tokens equal eager's (bf16 with random weights diverges
 on near-ties: exact equality is what the fp32 CPU tests check).
@@ -41,6 +43,8 @@ import tempfile
 import time
 
 import torch
+
+from vgc.bench.timing import kernel_profile
 
 SPLIT_AT_SDPA = ["aten::scaled_dot_product_attention"]
 
@@ -67,7 +71,10 @@ def _shape(name: str, layers: int | None):
 
 MODELS = ("llama_1b", "qwen2_0_5b", "tiny")
 ROWS = ("eager", "anchor", "vgc drop-in (dynamic cache)", "vgc CompileConfig (static cache)", "vgc integration",
-        "vgc integration unfused", "vgc integration (host loop)", "vgc breakable (dynamic cache)")
+        "vgc integration unfused", "vgc integration (RoPE apart)", "vgc integration (host loop)",
+        "vgc breakable (dynamic cache)")
+_INTEGRATION_PASSES = {"vgc integration unfused": {"skinny_matmul_fusion": False},
+                       "vgc integration (RoPE apart)": {"skinny_matmul_rope": False}}
 
 
 def _build(config, device: str, dtype: torch.dtype):
@@ -134,9 +141,9 @@ def _rows(base, names: list[str], batch: int):
                                    options={"cudagraph_mode": "full_and_piecewise", "splitting_ops": SPLIT_AT_SDPA})
         elif name.startswith("vgc integration"):
             from vgc.integrations import transformers as vgc_transformers
-            unfused = name == "vgc integration unfused"
+            passes = _INTEGRATION_PASSES.get(name)
             vgc_transformers.compile(model, max_batch_size=batch, device_loop=name != "vgc integration (host loop)",
-                                     config={"pass_config": {"skinny_matmul_fusion": False}} if unfused else None)
+                                     config={"pass_config": passes} if passes else None)
         elif name == "vgc breakable (dynamic cache)":
             from vgc.integrations import transformers as vgc_transformers
             vgc_transformers.breakable(model, batch_sizes=[batch])
@@ -145,12 +152,12 @@ def _rows(base, names: list[str], batch: int):
     return {name: (lambda name=name: build(name)) for name in names}
 
 
-def _decode_graph_ms(model, batch: int, replays: int = 20) -> tuple[float, float]:
+def _decode_graph_ms(model, batch: int, replays: int = 20) -> tuple[float, float, float]:
     """The integration's decode step alone: its FULL graph replayed on what its buffers hold (the last
-    generate()'s inputs); (median GPU ms, median host µs) per replay."""
+    generate()'s inputs); (median GPU ms, median host µs, kernels) per replay."""
     step = model.vgc.graph_step(batch)
     if step is None:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     graphs, events, host = model.vgc.compiled.graphs, [], []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -161,7 +168,8 @@ def _decode_graph_ms(model, batch: int, replays: int = 20) -> tuple[float, float
         end.record()
         events.append((start, end))
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events), 1e6 * statistics.median(host)
+    kernels, _ = kernel_profile(lambda: graphs.replay_full(step.padded), {})
+    return statistics.median(s.elapsed_time(e) for s, e in events), 1e6 * statistics.median(host), kernels
 
 
 def _install_timer(name: str, model) -> _ForwardTimer | None:
@@ -185,7 +193,8 @@ def _report(args, dtype, device, results: dict, failed: dict) -> None:
           f"{str(dtype).replace('torch.', '')} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, "
           f"torch {torch.__version__}; prompt {args.prompt}, {args.new_tokens} new tokens, median of {args.reps}")
     header = (f"{'row':34s}{'batch':>6s}{'first s':>9s}{'tok/s':>9s}{'ms/tok':>8s}{'spread ms/tok':>15s}"
-              f"{'fwd ms':>8s}{'over ms':>8s}{'host us':>8s}{'= eager':>8s}{'vs anchor':>10s}{'fwd vs anchor':>14s}")
+              f"{'fwd ms':>8s}{'over ms':>8s}{'host us':>8s}{'kernels':>8s}{'= eager':>8s}{'vs anchor':>10s}"
+              f"{'fwd vs anchor':>14s}")
     print(header)
     for batch, rows in results.items():
         anchor = rows.get("anchor")
@@ -199,6 +208,7 @@ def _report(args, dtype, device, results: dict, failed: dict) -> None:
                   f"{f'{lo:.2f}-{hi:.2f}':>15s}{(fwd if fwd else float('nan')):8.3f}"
                   f"{(r['ms_per_later_token'] - fwd if fwd else float('nan')):8.3f}"
                   f"{(r['decode_host_us'] if r['decode_host_us'] else float('nan')):8.0f}"
+                  f"{(r.get('decode_kernels') or float('nan')):8.0f}"
                   f"{r['leading_tokens_equal_eager']:8d}{ratio}{fwd_ratio}")
     for batch, rows in failed.items():
         for name, why in rows.items():
@@ -313,10 +323,10 @@ def main(argv: list[str] | None = None) -> int:
                 for key in ("dynamo_traces", "inductor_compiles", "cudagraph_replays", "cudagraph_captures",
                             "eager_runs"):
                     counted[name][key] = counted[name].get(key, 0) + d[key]
-        forward_ms, host_us = {}, {}
+        forward_ms, host_us, kernels = {}, {}, {}
         for name, (model, kwargs) in built.items():
             if name.startswith("vgc integration") and device == "cuda":
-                forward_ms[name], host_us[name] = _decode_graph_ms(model, batch)
+                forward_ms[name], host_us[name], kernels[name] = _decode_graph_ms(model, batch)
                 continue
             timer = _install_timer(name, model)
             if timer is not None:
@@ -334,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ms_per_later_token": 1000 * (seconds - statistics.median(one_token[name]))
                 / max(1, args.new_tokens - 1),
                 "decode_forward_ms": forward_ms.get(name), "decode_host_us": host_us.get(name),
+                "decode_kernels": kernels.get(name),
                 "leading_tokens_equal_eager": leading,
                 "after_first": counted[name]}
         del built
