@@ -397,3 +397,16 @@ def test_the_cpu_isa_check_runs_in_a_private_directory_when_the_cache_cannot_be_
     assert [r.getMessage() for r in caplog.records] == [
         "Inductor's CPU check cannot write under /the/root/inductor_cache (No space left on device); it runs in a "
         "temporary directory instead"]
+
+
+def test_inductor_names_a_generated_module_by_its_stripped_source(tmp_path, monkeypatch):
+    """The name the kernel-hash check holds a generated `.py` to is the one `PyCodeCache.write` gives it; where a
+    torch lacks `code_hash`, there is no name to check (None), never a false alarm."""
+    from torch._inductor import codecache
+
+    source = "\n\ndef call(args):\n    return args\n"
+    _, path = codecache.PyCodeCache.write(source)
+    assert _compat.inductor_code_name(source) == Path(path).stem
+    assert _compat.inductor_code_name(source + "# other\n") != Path(path).stem
+    monkeypatch.delattr(codecache, "code_hash")
+    assert _compat.inductor_code_name(source) is None

@@ -403,6 +403,16 @@ def clear_inductor_memory_caches() -> None:
     clear_caches()
 
 
+def inductor_code_name(source: str) -> str | None:
+    """The name Inductor gives the file of a generated module (`PyCodeCache.write`: a hash of the stripped source,
+    no extra key), or None where this torch has no such function (`torch._inductor.codecache.code_hash`)."""
+    try:
+        from torch._inductor.codecache import code_hash
+    except ImportError:
+        return None
+    return code_hash(source.strip())
+
+
 _CUSTOM_PASS_OPTIONS = ("pre_grad_custom_pass", "joint_custom_pre_pass", "joint_custom_post_pass",
                         "post_grad_custom_pre_pass", "post_grad_custom_post_pass", "_pre_fusion_custom_pass",
                         "_post_fusion_custom_pass")

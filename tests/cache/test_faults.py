@@ -265,13 +265,15 @@ def test_a_start_killed_while_compiling_leaves_a_root_the_next_starts_recover(tm
     assert again["counters"]["inductor_compiles"] == 0 and again["warnings"] == [], again
 
 
-@pytest.mark.parametrize("suffix", [".so", ".py"])
-def test_two_kernels_swapped_are_caught_by_their_recorded_hashes(warm_root, tmp_path, suffix):
+@pytest.mark.parametrize("suffix,forged", [(".so", False), (".py", False), (".py", True)])
+def test_two_kernels_swapped_are_caught_by_their_recorded_hashes(warm_root, tmp_path, suffix, forged):
     """Issue 51: Inductor names kernel files by their source's hash and loads them unchecked, so two compiled `.so`
     swapped crashed every start ("requires 2 args", or heap corruption), two generated `.py` swapped too ("too many
     values to unpack"), and verify passed the root. vgc records each file's content hash when the entry saves: the
     swapped files are named by verify, removed at the next start (one warning each, counted as damage) and built
-    again by Inductor from the artifacts; the start after that is warm and silent."""
+    again by Inductor from the artifacts; the start after that is warm and silent. `forged`: every record rewritten
+    with the swapped bytes' hashes (the bundle campaign's forged bundles crashed every start): a generated module is
+    also checked against its own name, the hash of the source Inductor wrote there."""
     from vgc.cache import kernel_hashes
 
     root = tmp_path / "root"
@@ -284,11 +286,20 @@ def test_two_kernels_swapped_are_caught_by_their_recorded_hashes(warm_root, tmp_
     held = first.read_bytes()
     first.write_bytes(second.read_bytes())
     second.write_bytes(held)
+    if forged:
+        for record_path in root.rglob(kernel_hashes.RECORD_FILE):
+            record = json.loads(record_path.read_text())
+            for path in (first, second):
+                relative = path.relative_to(kernels).as_posix()
+                if relative in record:
+                    record[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
+            record_path.write_text(json.dumps(record))
     assert {first, second} <= {path for path, _ in verify.verify_root(root)}
     swapped = run_passes([root], tmp_path, "swapped")[str(root)]
     assert swapped["error"] is None and swapped["max_diff"] < TOL, swapped
     assert swapped["counters"]["inductor_compiles"] == 0 and swapped["counters"]["cache_corrupt"] == 2, swapped
-    named = [w for w in swapped["warnings"] if "does not match the content hash" in w]
+    named = [w for w in swapped["warnings"]
+             if ("holds other code than its name says" if forged else "does not match the content hash") in w]
     assert len(named) == 2 and len(swapped["warnings"]) == 2, swapped["warnings"]
     after = run_passes([root], tmp_path, "after")[str(root)]
     assert after["error"] is None and after["max_diff"] < TOL and after["warnings"] == [], after

@@ -331,10 +331,13 @@ def _kernel_problems(base: str, files: dict[str, Any], read_json) -> list[str]:
     record = read_json(name)
     if not isinstance(record, dict):
         return [f"{name} is not a JSON object of kernel hashes"]
-    return [f"{INDUCTOR_SUBDIR}/{relative} does not match the content hash {name} records (swapped with another "
-            "kernel or altered before packing)"
-            for relative, digest in sorted(record.items())
-            if files.get(f"{INDUCTOR_SUBDIR}/{relative}", {"sha256": digest})["sha256"] != digest][:10]
+    problems = []
+    for relative, value in sorted(record.items()):
+        want = kernel_hashes.digest(value) if isinstance(value, str) else None
+        if files.get(f"{INDUCTOR_SUBDIR}/{relative}", {"sha256": want})["sha256"] != want:
+            problems.append(f"{INDUCTOR_SUBDIR}/{relative} does not match the content hash {name} records (swapped "
+                            "with another kernel or altered before packing)")
+    return problems[:10]
 
 
 def _index_problems(base: str, files: dict[str, Any], read_json) -> list[str]:

@@ -7,6 +7,11 @@ Inductor names these files by a hash of their source, not of their bytes, and lo
 generated `.py` files swapped run the wrong code. A file whose bytes differ from the record is removed (Inductor
 builds it again from the artifact it belongs to), counted in `cache_corrupt` and warned about once. A file the
 record does not name (built after the entry's last save) is not checked; a missing one is built again.
+
+A record only says what bytes a file had when it was written: records recomputed over swapped files (a tool that
+rewrites them, a forged bundle) would pass swapped generated modules. Those are named by their source, so a
+generated `.py` is also checked against its own name, Inductor's hash of the code it holds, unless the record says
+its name is not that hash (a module written under an extra key, such as an autotuning benchmark).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from vgc.log import warn_once
 
 logger = logging.getLogger("vgc")
 
-RECORD_FILE = "kernels.json"   # in a rank directory: {path under inductor_cache/: sha256}
+RECORD_FILE = "kernels.json"   # in a rank directory: {path under inductor_cache/: sha256[ FREE_NAME]}
+FREE_NAME = " free-name"       # after a module's hash: its name is not its source's hash (not checked against it)
 # Not recorded: Inductor's FX-graph and AOTAutograd pickles (vgc's binary artifacts carry their own graph and do
 # not read them; a load rewrites them), locks, vgc's ISA probe records, temporary and hidden files.
 _UNTRACKED_DIRS = {"fxgraph", "aotautograd", "locks", ISA_MARKER_DIR}
@@ -50,6 +56,25 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _named_module(relative: str) -> bool:
+    """A generated module where `PyCodeCache.write` puts one: `<name[1:3]>/<name>.py`."""
+    parts = relative.split("/")
+    return len(parts) == 2 and parts[1].endswith(".py") and parts[0] == parts[1][1:3]
+
+
+def _holds_its_name(path: Path) -> bool | None:
+    """Whether the generated module at `path` holds the code its name is the hash of (None: cannot tell)."""
+    try:
+        name = _compat.inductor_code_name(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return False
+    return None if name is None else name == path.stem
+
+
+def digest(value: str) -> str:
+    return value.split(" ", 1)[0]
 
 
 def read_record(rank_dir: Path) -> dict[str, str] | None:
@@ -85,12 +110,13 @@ def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | 
                 found.append((rank_dir / RECORD_FILE, "unreadable or malformed: Inductor's files cannot be checked "
                                                       "against it"))
             continue
-        for relative, digest in record.items():
-            known.setdefault(relative, set()).add(digest)
+        for relative, value in record.items():
+            known.setdefault(relative, set()).add(value)
         if only is None or rank_dir in only:
             checked.update(record)
     for relative in sorted(checked):
-        path, digests = kernels / relative, known[relative]
+        path, values = kernels / relative, known[relative]
+        digests = {digest(v) for v in values}
         if once and _seen.get(str(path)) in digests:
             continue
         try:
@@ -101,7 +127,11 @@ def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | 
             actual = _sha256(path)
         except OSError:
             continue       # unreadable: recovery's business
-        if actual in digests:
+        if actual in digests and _named_module(relative) and not any(v.endswith(FREE_NAME) for v in values) \
+                and _holds_its_name(path) is False:
+            found.append((path, "holds other code than its name says (Inductor names a generated module by a hash of "
+                                "its source; swapped with another kernel, with its content hash recorded over it)"))
+        elif actual in digests:
             _seen[str(path)] = actual
         else:
             found.append((path, f"does not match the content hash recorded for it under {root} (swapped with "
@@ -183,6 +213,8 @@ def update(rank_dir: Path, kernels: Path) -> None:
                 record[relative] = _seen[str(path)] = _sha256(path)
             except OSError:
                 continue
+            if _named_module(relative) and _holds_its_name(path) is False:
+                record[relative] += FREE_NAME
             _rebuilt.discard(str(path))
             changed = True
     if changed:
