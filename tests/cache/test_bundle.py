@@ -381,6 +381,19 @@ def _hostile_cases(bundle: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
     i = _member_index(ms, "/" + FACTORS_FILE)
     ms[i] = (ms[i][0], b"[" * 3000 + b"]" * 3000)
     add("factors file nested 3000 deep", m, ms, 'not a JSON object with a "hash"')
+    m, ms = _members(bundle)   # forged: two generated modules swapped, every record and hash recomputed over them
+    first, second = [i for i, (x, _) in enumerate(ms) if x.name.startswith("inductor_cache/") and
+                     x.name.endswith(".py") and "/fxgraph/" not in x.name][:2]
+    ms[first], ms[second] = (ms[first][0], ms[second][1]), (ms[second][0], ms[first][1])
+    for i, (x, data) in enumerate(ms):
+        if x.name.endswith("/kernels.json"):
+            record = json.loads(data)
+            for moved in (ms[first], ms[second]):
+                relative = moved[0].name[len("inductor_cache/"):]
+                if relative in record:
+                    record[relative] = hashlib.sha256(moved[1]).hexdigest()
+            ms[i] = (x, json.dumps(record).encode())
+    add("generated modules swapped, their records recomputed", m, ms, "holds other code than its name says")
     return cases
 
 
@@ -390,7 +403,7 @@ def test_hostile_manifests_and_damage_behind_recomputed_hashes_are_refused_witho
     an OSError would escape `vgc_main` and fail the test), and nothing is written under the root or outside it."""
     _, bundle, _ = packed
     cases = _hostile_cases(bundle, tmp_path)
-    assert len(cases) == 19
+    assert len(cases) == 20
     root = tmp_path / "root"
     for name, (path, reason) in cases.items():
         _unpack_and_verify_refuse(root, name, path, reason, capsys)

@@ -206,6 +206,13 @@ def _kept_whole(name: str) -> bool:
         name.endswith(("/" + FACTORS_FILE, "/" + INDEX_FILE, "/" + kernel_hashes.RECORD_FILE))
 
 
+def _module(name: str) -> str | None:
+    """The path under Inductor's cache of a generated module the bundle holds, named by its source's hash."""
+    prefix = INDUCTOR_SUBDIR + "/"
+    relative = name[len(prefix):] if name.startswith(prefix) else ""
+    return relative if kernel_hashes.named_module(relative) else None
+
+
 def _is_trace(name: str) -> bool:
     base = name.rpartition("/")[2]
     return name.startswith(CACHE_SUBDIR + "/") and name.count("/") == 3 and base.startswith(TRACE_PREFIX) and \
@@ -213,11 +220,13 @@ def _is_trace(name: str) -> bool:
 
 
 def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], into: Path | None
-          ) -> dict[str, bytes]:
+          ) -> tuple[dict[str, bytes], dict[str, str]]:
     """Check every member against the manifest (and every saved trace against its own hash), writing each file
-    under `into` when given; returns the rank directories' factors and index files (small), by member name. A
-    write that fails raises `_ExtractError`: the root's problem, not the bundle's."""
+    under `into` when given; returns the rank directories' factors and index files (small), by member name, and
+    the generated modules whose text is not what their names say ({path under Inductor's cache: member}). A write
+    that fails raises `_ExtractError`: the root's problem, not the bundle's."""
     listed, seen, kept = manifest["files"], set(), {}
+    modules = {}
     try:
         for member in tar:
             name = member.name
@@ -232,6 +241,7 @@ def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], i
                 continue
             seen.add(name)
             h, size, keep = hashlib.sha256(), 0, _kept_whole(name)
+            module = _module(name)
             trace = saved_traces.StreamCheck(*name.split("/")[1:3]) if _is_trace(name) else None
             whole = bytearray()
             source = tar.extractfile(member)
@@ -242,7 +252,7 @@ def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], i
                     size += len(chunk)
                     if target is not None:
                         _write_chunk(target, chunk)
-                    if keep and size <= _MANIFEST_LIMIT:
+                    if (keep and size <= _MANIFEST_LIMIT) or module is not None:
                         whole += chunk
                     if trace is not None:
                         trace.update(chunk)
@@ -256,9 +266,11 @@ def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], i
                 problems.append(f"{name} {trace.problem()}: the saved trace was damaged before it was packed")
             elif keep:
                 kept[name] = bytes(whole)
+            elif module is not None and kernel_hashes.holds_its_name(module, bytes(whole)) is False:
+                modules[module] = name
     except (tarfile.TarError, EOFError, OSError) as error:
         problems.append(f"is cut short or damaged ({type(error).__name__}: {error})")
-        return kept
+        return kept, modules
     missing = sorted(set(listed) - seen)
     if missing:
         # a file cut at a member boundary reads as a shorter, valid archive: its end marker (two zero blocks) is
@@ -266,7 +278,7 @@ def _scan(tar: tarfile.TarFile, manifest: dict[str, Any], problems: list[str], i
         cut = tar.name is not None and os.path.getsize(tar.name) < tar.offset + 2 * tarfile.BLOCKSIZE
         problems.append(("is cut short (no end-of-archive marker): " if cut else "")
                         + f"{len(missing)} file(s) in the manifest are missing from the bundle, e.g. {missing[0]}")
-    return kept
+    return kept, modules
 
 
 class _ExtractError(Exception):
@@ -340,6 +352,17 @@ def _kernel_problems(base: str, files: dict[str, Any], read_json) -> list[str]:
     return problems[:10]
 
 
+def _module_problems(misnamed: dict[str, str], kept: dict[str, bytes]) -> list[str]:
+    """Generated modules that hold other code than their names say, unless a record marks the name as not the
+    source's hash: records recomputed over swapped modules pass the content hashes, not this."""
+    free = {relative for name, data in kept.items() if name.endswith("/" + kernel_hashes.RECORD_FILE)
+            for relative, value in (_json_or_none(data) or {}).items()
+            if isinstance(value, str) and kernel_hashes.free_name(value)}
+    return [f"{name} holds other code than its name says (Inductor names a generated module by a hash of its "
+            "source): swapped with another kernel, with its content hash recorded over it"
+            for relative, name in sorted(misnamed.items()) if relative not in free][:10]
+
+
 def _index_problems(base: str, files: dict[str, Any], read_json) -> list[str]:
     """A rank directory's `index.json` against the bundled artifact files it names."""
     name = f"{base}/{INDEX_FILE}"
@@ -389,9 +412,11 @@ def check(path: Path, *, environment: bool = True, into: Path | None = None) -> 
         if manifest is None:
             return bundle
         bundle.manifest = manifest
-        kept = _scan(tar, manifest, bundle.problems, into)
+        kept, misnamed = _scan(tar, manifest, bundle.problems, into)
         if not bundle.problems:
             bundle.problems += _consistency_problems(manifest, lambda name: _json_or_none(kept.get(name)))
+        if not bundle.problems:
+            bundle.problems += _module_problems(misnamed, kept)
     if not bundle.problems and environment:
         for entry_hash, entry in sorted(manifest["entries"].items()):
             bundle.problems += _environment_problems(entry_hash, entry["factors"])

@@ -58,19 +58,32 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _named_module(relative: str) -> bool:
+def named_module(relative: str) -> bool:
     """A generated module where `PyCodeCache.write` puts one: `<name[1:3]>/<name>.py`."""
     parts = relative.split("/")
     return len(parts) == 2 and parts[1].endswith(".py") and parts[0] == parts[1][1:3]
 
 
-def _holds_its_name(path: Path) -> bool | None:
-    """Whether the generated module at `path` holds the code its name is the hash of (None: cannot tell)."""
+def holds_its_name(relative: str, data: bytes) -> bool | None:
+    """Whether the generated module at `relative` with bytes `data` holds the code its name is the hash of (None:
+    this torch cannot tell)."""
     try:
-        name = _compat.inductor_code_name(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError):
+        name = _compat.inductor_code_name(data.decode("utf-8"))
+    except UnicodeDecodeError:
         return False
-    return None if name is None else name == path.stem
+    return None if name is None else name == relative.rpartition("/")[2][:-len(".py")]
+
+
+def _holds_its_name(path: Path, relative: str) -> bool | None:
+    try:
+        return holds_its_name(relative, path.read_bytes())
+    except OSError:
+        return None
+
+
+def free_name(value: str) -> bool:
+    """Whether a record's value says the module's name is not its source's hash."""
+    return value.endswith(FREE_NAME)
 
 
 def digest(value: str) -> str:
@@ -127,8 +140,8 @@ def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | 
             actual = _sha256(path)
         except OSError:
             continue       # unreadable: recovery's business
-        if actual in digests and _named_module(relative) and not any(v.endswith(FREE_NAME) for v in values) \
-                and _holds_its_name(path) is False:
+        if actual in digests and named_module(relative) and not any(free_name(v) for v in values) \
+                and _holds_its_name(path, relative) is False:
             found.append((path, "holds other code than its name says (Inductor names a generated module by a hash of "
                                 "its source; swapped with another kernel, with its content hash recorded over it)"))
         elif actual in digests:
@@ -213,7 +226,7 @@ def update(rank_dir: Path, kernels: Path) -> None:
                 record[relative] = _seen[str(path)] = _sha256(path)
             except OSError:
                 continue
-            if _named_module(relative) and _holds_its_name(path) is False:
+            if named_module(relative) and _holds_its_name(path, relative) is False:
                 record[relative] += FREE_NAME
             _rebuilt.discard(str(path))
             changed = True
