@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from vgc.cache import bundle as bundles
+from vgc.cache import bundle_check
 from vgc.cache import cpu_isa, inventory
 from vgc.cache.layout import CACHE_SUBDIR, FACTORS_FILE
 from vgc.cli import main as vgc_main
@@ -265,7 +266,7 @@ def test_every_damaged_or_foreign_bundle_is_refused_with_its_reason_and_installs
 def test_a_full_disk_while_unpacking_is_named_and_installs_nothing(packed, tmp_path, monkeypatch, capsys):
     _, bundle, _ = packed
     root = tmp_path / "root"
-    written, write = [], bundles._write_chunk
+    written, write = [], bundle_check._write_chunk
 
     class FullDisk:
         def write(self, chunk):
@@ -277,7 +278,7 @@ def test_a_full_disk_while_unpacking_is_named_and_installs_nothing(packed, tmp_p
         written.append(len(chunk))
         return write(target, chunk)
 
-    monkeypatch.setattr(bundles, "_write_chunk", full_after_two)
+    monkeypatch.setattr(bundle_check, "_write_chunk", full_after_two)
     assert vgc_main(["cache", "--root", str(root), "unpack", str(bundle)]) == 2   # the root's problem: status 2
     out = capsys.readouterr().out
     assert f"the cache root {root} has no space or no inodes left (No space left on device" in out, out
