@@ -14,7 +14,7 @@ import time
 import torch
 
 import vgc
-from vgc.bench.encoder import _hf_qwen2_vl, _percentile, _vit_layouts, _vit_request
+from vgc.shells.bench.encoder import _hf_qwen2_vl, _percentile, _vit_layouts, _vit_request
 from vgc.encoder import EncoderCudaGraphManager
 from vgc.integrations.transformers import vision_adapter
 from vgc.models import vit

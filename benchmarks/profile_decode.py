@@ -17,7 +17,7 @@ import time
 import torch
 
 import vgc
-from vgc.bench.timing import device_events, time_steps
+from vgc.shells.bench.timing import device_events, time_steps
 from vgc.models import llama
 
 VARIANTS = {

@@ -18,7 +18,7 @@ import time
 import torch
 import transformers
 
-from vgc.bench.generate import _build, _shape
+from vgc.shells.bench.generate import _build, _shape
 from vgc.integrations import transformers as vgc_transformers
 
 

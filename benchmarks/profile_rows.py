@@ -13,7 +13,7 @@ import time
 import torch
 
 import vgc
-from vgc.bench.generate import ROWS, _build, _rows, _shape
+from vgc.shells.bench.generate import ROWS, _build, _rows, _shape
 
 
 def main():

@@ -24,7 +24,7 @@ import json
 
 import torch
 
-from vgc.bench.timing import copy_bandwidth_gbs
+from vgc.shells.bench.timing import copy_bandwidth_gbs
 from vgc.ops import triton_skinny_mm
 from vgc.ops.triton_skinny_mm import GEMV_MAX_M, Tile, choose_tile, skinny_mm_into
 

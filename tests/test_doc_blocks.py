@@ -134,7 +134,7 @@ def test_every_command_on_the_current_numbers_page_exists():
     for command in commands:
         words = shlex.split(command)
         if words[0] == "vgc" and words[1] == "bench":
-            parser = importlib.import_module(f"vgc.bench.{words[2]}").build_parser()
+            parser = importlib.import_module(f"vgc.shells.bench.{words[2]}").build_parser()
             parser.exit_on_error = False
             try:
                 parser.parse_args(words[3:])

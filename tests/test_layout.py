@@ -24,9 +24,9 @@ LAYERS = [
     ("trace once", ["vgc.trace_once"]),
     ("vgc.compile", ["vgc.api"]),
     ("clients", ["vgc.encoder", "vgc.integrations", "vgc.models"]),
-    ("entry points", ["vgc", "vgc.__main__", "vgc.cli", "vgc.demo", "vgc.bench"]),
+    ("shells", ["vgc", "vgc.__main__", "vgc.shells"]),
 ]
-FUNCTION_LEVEL_IMPORTS_ALLOWED = ("vgc.cli", "vgc.demo", "vgc.bench")
+FUNCTION_LEVEL_IMPORTS_ALLOWED = ("vgc.shells.cli", "vgc.shells.demo", "vgc.shells.bench")
 
 
 def _module_name(path: Path) -> str:

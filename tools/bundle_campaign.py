@@ -19,7 +19,7 @@ environments, and "forged" bundles whose entry records (index.json, kernels.json
 too.
 
 Per case: `vgc cache verify FILE`, then `vgc cache --root ROOT unpack FILE` (a fresh, absent root under the case's
-directory), both in one fresh process through the `vgc` command's entry point (`vgc.cli.main`), each with its own
+directory), both in one fresh process through the `vgc` command's entry point (`vgc.shells.cli.main`), each with its own
 output and exit status; then a fresh process starts the model from that root and compares each output with eager
 (`torch.allclose`, atol = rtol = 2e-5: fp32 on the CPU, Inductor reorders reductions) at 1, 3, 16 and 21 tokens. A
 root with an installed entry is started under both configs with the root's own Inductor cache (the bundle's
@@ -128,13 +128,13 @@ def start(reference: str | None, save_reference: str | None, configs: str) -> in
 # ---- the process that runs the two commands ----
 def commands(bundle: str, root: str) -> int:
     """`vgc cache verify BUNDLE`, then `vgc cache --root ROOT unpack BUNDLE`, each through the `vgc` command's entry
-    point (`vgc.cli.main`) with its own output and exit status; one process for both saves an import of torch and
+    point (`vgc.shells.cli.main`) with its own output and exit status; one process for both saves an import of torch and
     vgc per case. An exception that escapes a command is its traceback (a crash). Prints a JSON line."""
     import contextlib
     import logging
     import traceback
 
-    from vgc.cli import main as vgc_main
+    from vgc.shells.cli import main as vgc_main
 
     buffer = io.StringIO()
     handler = logging.StreamHandler(buffer)   # the root handler the command's basicConfig would add, into the buffer

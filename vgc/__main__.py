@@ -1,5 +1,5 @@
 import sys
 
-from vgc.cli import main
+from vgc.shells.cli import main
 
 sys.exit(main())

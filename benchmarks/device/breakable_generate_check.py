@@ -64,7 +64,7 @@ for init in (0.02, 0.2):
                  "tokens_equal" in v})
 
 # llama_1b bf16, batch 1: one replayed decode step under the profiler
-from vgc.bench.generate import _build, _shape   # noqa: E402
+from vgc.shells.bench.generate import _build, _shape   # noqa: E402
 
 model = _build(_shape("llama_1b", None), "cuda", torch.bfloat16)
 vgc_transformers.breakable(model, batch_sizes=[1])

@@ -7,7 +7,7 @@ import pstats
 import sys
 import time
 
-from vgc.bench.timing import breakable_llama, llama_on_cuda
+from vgc.shells.bench.timing import breakable_llama, llama_on_cuda
 
 out = sys.argv[1]
 cfg, model, kv = llama_on_cuda("llama_1b")

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from vgc.bench.generate import _build, _shape
+from vgc.shells.bench.generate import _build, _shape
 from vgc.integrations import transformers as vgc_transformers
 
 choice = importlib.import_module("vgc.ops.sdpa")

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vgc.bench.timing import time_interleaved
+from vgc.shells.bench.timing import time_interleaved
 from vgc.cudagraph import breakable
 from vgc.cudagraph.breakable_capture import DEFAULT_BREAKS
 

@@ -8,7 +8,7 @@ sys.path.insert(0, "benchmarks")
 from profile_decode import kernel_table  # noqa: E402
 
 import vgc  # noqa: E402
-from vgc.bench.timing import time_steps  # noqa: E402
+from vgc.shells.bench.timing import time_steps  # noqa: E402
 from vgc.models import llama  # noqa: E402
 
 cfg = llama.llama_1b_config()

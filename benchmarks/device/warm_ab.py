@@ -20,7 +20,7 @@ def start(tree: str, root: str, model: str, device: str, profile: str | None = N
                TRITON_CACHE_DIR=os.path.join(root, "triton"), CUDA_CACHE_PATH=os.path.join(root, "cuda"))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     prefix = ["-m", "cProfile", "-o", profile] if profile else []
-    proc = subprocess.run([sys.executable, *prefix, "-m", "vgc.bench.startup", "--child", model, device, "none",
+    proc = subprocess.run([sys.executable, *prefix, "-m", "vgc.shells.bench.startup", "--child", model, device, "none",
                            repr(time.time())], cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(proc.stderr[-3000:])

@@ -13,9 +13,10 @@ import torch
 
 import vgc
 from vgc import envs
-from vgc.cache import inventory, verify
+from vgc.cache import inventory
+from vgc.shells import verify
 from vgc.cache.layout import ARTIFACT_DIR
-from vgc.cli import main as vgc_main
+from vgc.shells.cli import main as vgc_main
 from conftest import FP32_TOL
 
 WORKER = str(Path(__file__).parents[1] / "workers" / "cache_worker.py")

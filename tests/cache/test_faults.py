@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 import vgc
-from vgc.cache import inventory, verify
+from vgc.cache import inventory
+from vgc.shells import verify
 from vgc.cache.layout import ARTIFACT_DIR
 from conftest import mount_tmpfs
 

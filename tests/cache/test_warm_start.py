@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import vgc
-from vgc.cache import layout, saved_traces, verify
-from vgc.cli import main as vgc_main
+from vgc.cache import layout, saved_traces
+from vgc.shells import verify
+from vgc.shells.cli import main as vgc_main
 from vgc.models import llama
 from conftest import FP32_TOL
 

@@ -145,7 +145,7 @@ def test_a_damaged_profile_is_replaced_with_a_warning_and_an_unwritable_one_only
 
 
 def test_profile_show_prints_histograms_and_chosen_sizes_with_their_padding(tmp_path, capsys):
-    from vgc.cli import main as vgc_main
+    from vgc.shells.cli import main as vgc_main
 
     histogram = {1: 50, 2: 20, 7: 10, 30: 5, 700: 1}
     path = write(tmp_path / "p.json", {**GOOD, "histograms": {"uniform_decode": {str(k): v for k, v in

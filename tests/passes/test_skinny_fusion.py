@@ -278,3 +278,22 @@ def test_transformers_rotation_by_tables_broadcast_over_the_batch_is_left_to_ind
     gm.recompile()
     for got, want in zip(gm(*args), qkv(*args)):
         _close(got, want)
+
+
+def test_slices_with_symbolic_or_default_bounds_are_not_taken_for_column_ranges():
+    """A slice whose bound is a graph value (or left out) must not crash the matcher; only constant ranges of the
+    last dim count as q, k, gate or up."""
+    from vgc.passes.skinny_fusion import _column_parts
+
+    graph = torch.fx.Graph()
+    y = graph.placeholder("y")
+    y.meta["val"] = torch.empty(2, 8)
+    n = graph.placeholder("n")
+    graph.call_function(torch.ops.aten.slice.Tensor, (y, -1, 0, n))
+    assert _column_parts(y, 8) is None
+    graph = torch.fx.Graph()
+    y = graph.placeholder("y")
+    y.meta["val"] = torch.empty(2, 8)
+    first = graph.call_function(torch.ops.aten.slice.Tensor, (y, -1, 0, 4))
+    rest = graph.call_function(torch.ops.aten.slice.Tensor, (y, 1, 4))   # end left out: to the end
+    assert _column_parts(y, 8) == {0: (4, first), 4: (8, rest)}

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import vgc
-from vgc.cache import bundle, keys
+from vgc.cache import keys
+from vgc.shells import bundle
 from vgc.models import llama
 from conftest import FP32_TOL, SiblingBlock
 

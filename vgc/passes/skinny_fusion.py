@@ -258,13 +258,24 @@ def _column_parts(y: fx.Node, columns) -> dict | None:
         return {starts[i]: (starts[i] + sizes[i], item) for i, item in items.items()}
     found = {}
     for user in users:
-        if not _is(user, aten.slice.Tensor) or _arg(user, 1, 0) not in (-1, last) or len(user.args) < 4:
+        span = _slice_span(user, last, columns)
+        if span is None or span[0] in found:
             return None
-        start, end, step = user.args[2], min(user.args[3], columns), _arg(user, 4, 1)
-        if not isinstance(start, int) or step != 1 or start in found or not 0 <= start < end:
-            return None
-        found[start] = (end, user)
+        found[span[0]] = (span[1], user)
     return found
+
+
+def _slice_span(node, last: int, size: int):
+    """(start, end) when `node` takes a contiguous range of its input's last dim (`size` long) with constant
+    bounds, else None."""
+    if not _is(node, aten.slice.Tensor) or _arg(node, 1, 0) not in (-1, last) or _arg(node, 4, 1) != 1:
+        return None
+    start, end = _arg(node, 2, None), _arg(node, 3, None)
+    start, end = 0 if start is None else start, size if end is None else end
+    if not isinstance(start, int) or not isinstance(end, int):
+        return None
+    end = min(end, size)
+    return (start, end) if 0 <= start < end else None
 
 
 def _silu_of(node):
@@ -446,10 +457,7 @@ def _half_turn_rotation(heads: fx.Node, head_dim: int):
         heads_dim -= 1
     half = head_dim // 2
     last = _val(x).dim() - 1
-    slices = {}
-    for user in x.users:
-        if _is(user, aten.slice.Tensor) and _arg(user, 1, 0) in (-1, last) and _arg(user, 4, 1) == 1:
-            slices[(user.args[2], min(user.args[3], head_dim))] = user
+    slices = {_slice_span(user, last, head_dim): user for user in x.users}
     x1, x2 = slices.get((0, half)), slices.get((half, head_dim))
     if len(x.users) != 3 or x1 is None or x2 is None or len(x2.users) != 1 or len(x1.users) != 1:
         return None

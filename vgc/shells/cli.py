@@ -1,9 +1,9 @@
 """The `vgc` command: `vgc demo`, `vgc cache ...`, `vgc bench ...`, `vgc profile ...`, and the options every command
 accepts.
 
-Every command's arguments are declared here, and a command's module (`vgc/cache/cli.py`, `vgc/cudagraph/
-profile_cli.py`, `vgc/bench/<name>.py`, `vgc/demo.py`) is imported only when that command runs: those modules
-import torch, which takes seconds, and `vgc --help` or `vgc cache --help` must not wait for it.
+Every command's arguments are declared here, and a command's module (`cache_cli.py`, `profile_cli.py`,
+`bench/<name>.py`, `demo.py`, all in `vgc/shells/`) is imported only when that command runs: those modules import
+torch, which takes seconds, and `vgc --help` or `vgc cache --help` must not wait for it.
 
 A global option is declared once, in a parent parser that every subcommand's parser includes, so it can be
 written before or after the subcommand (`vgc -v demo`, `vgc demo -v`). Under a subcommand it defaults to
@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_module.main(cache_root=args.cache_root, device=args.device)
     if args.command == "cache":
-        from vgc.cache import cli as cache_cli
+        from vgc.shells import cache_cli
 
         return cache_cli.run(args)
     if args.command == "profile":
-        from vgc.cudagraph import profile_cli
+        from vgc.shells import profile_cli
 
         return profile_cli.run(args)
     import importlib
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     vgc._load()   # the public names, and the backend "vgc" for the drop-in rows (a checkout run in place has no
     #               entry point to find it by)
-    return importlib.import_module(f"vgc.bench.{args.name}").main(rest)
+    return importlib.import_module(f"vgc.shells.bench.{args.name}").main(rest)
 
 
 if __name__ == "__main__":

@@ -35,13 +35,14 @@ from typing import Any, Iterable
 from filelock import FileLock, Timeout
 
 from vgc._version import __version__
-from vgc.cache import bundle_manifest, inventory, json_data, recovery, verify
-from vgc.cache.bundle_check import check, ExtractError, MANIFEST_NAME
+from vgc.cache import inventory, json_data, recovery
 from vgc.cache.cpu_isa import MARKER_DIR as ISA_MARKER_DIR
 from vgc.cache.layout import (atomic_file, CACHE_SUBDIR, FACTORS_FILE, INDEX_FILE, LOCK_DIR, make_private_dirs,
                               saved_trace_files_in, untrusted_reason)
 from vgc.cache.recovery import INDUCTOR_SUBDIR
 from vgc.cache.store import content_hash, factors_problem
+from vgc.shells import bundle_manifest, verify
+from vgc.shells.bundle_check import check, ExtractError, MANIFEST_NAME
 
 logger = logging.getLogger("vgc")
 

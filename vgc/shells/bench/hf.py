@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from vgc.bench.timing import add_row_flags, print_pass_speedups, row_groups, time_interleaved, with_pass_twins
+from vgc.shells.bench.timing import add_row_flags, print_pass_speedups, row_groups, time_interleaved, with_pass_twins
 
 SPLIT_AT_SDPA = ["aten::scaled_dot_product_attention"]
 

@@ -15,7 +15,7 @@ copy's bandwidth measured in the same run), the CUDA kernels per step of the gra
 between two of a step's kernels (profiler: what launch latency costs inside a graph), and per row
 the setup seconds (compile + capture; cold only for the first row of a process with empty caches) and the Inductor
 compiles it made.
-With `--tp 1,2`, the tensor-parallel decoder runs one process per GPU instead (`vgc.bench.decode_tp`).
+With `--tp 1,2`, the tensor-parallel decoder runs one process per GPU instead (`vgc.shells.bench.decode_tp`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from vgc.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs, kernel_profile, llama_on_cuda,
+from vgc.shells.bench.timing import (add_row_flags, breakable_llama, copy_bandwidth_gbs, kernel_profile, llama_on_cuda,
                               print_pass_speedups, row_groups, time_interleaved, warm_llama, with_pass_twins)
 
 
@@ -56,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="skip the profiler's kernel count of the graph rows (counted after all timing, when "
                              "the rows run as one group: --interleave, or a single row)")
     parser.add_argument("--tp", metavar="SIZES", help="comma-separated tensor-parallel world sizes (e.g. 1,2): "
-                        "the sharded decoder, one process per GPU (vgc.bench.decode_tp)")
+                        "the sharded decoder, one process per GPU (vgc.shells.bench.decode_tp)")
     parser.add_argument("--traffic", metavar="FILE", help="a recorded decoder traffic profile, or 'generate': "
                         "replay a mix of batch sizes against default, profile-chosen and memory-budgeted capture "
-                        "sizes (vgc.bench.decode_traffic; see its --help)")
+                        "sizes (vgc.shells.bench.decode_traffic; see its --help)")
     return parser
 
 
@@ -68,11 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     from vgc.models import llama
 
     if argv and any(a == "--tp" or a.startswith("--tp=") for a in argv):   # one process per GPU: its own runner
-        from vgc.bench import decode_tp
+        from vgc.shells.bench import decode_tp
 
         return decode_tp.main(argv)
     if argv and any(a == "--traffic" or a.startswith("--traffic=") for a in argv):   # a mix of batch sizes
-        from vgc.bench import decode_traffic
+        from vgc.shells.bench import decode_traffic
 
         return decode_traffic.main(argv)
 

@@ -44,7 +44,7 @@ import time
 
 import torch
 
-from vgc.bench.timing import kernel_profile
+from vgc.shells.bench.timing import kernel_profile
 
 SPLIT_AT_SDPA = ["aten::scaled_dot_product_attention"]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from vgc.cache import recovery
-from vgc.cache.verify import CannotVerify, verify_root
+from vgc.shells.verify import CannotVerify, verify_root
 from vgc.cache.layout import ARTIFACT_DIR, CACHE_SUBDIR, INDEX_FILE, saved_trace_files_in
-from vgc.cli import main as vgc_main
+from vgc.shells.cli import main as vgc_main
 
 WORKER = str(Path(__file__).parents[1] / "workers" / "cache_worker.py")
 

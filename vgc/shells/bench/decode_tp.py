@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from vgc.bench.timing import free_port, timed_calls
+from vgc.shells.bench.timing import free_port, timed_calls
 
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 

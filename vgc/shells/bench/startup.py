@@ -41,7 +41,7 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
     t_model = time.perf_counter() - start
     kv = llama.make_kv_caches(cfg, device=device)   # graphs replay on caches that stay put
     if strategy == "breakable":   # no Dynamo, no Inductor: warmup() is the capture
-        from vgc.bench.timing import breakable_llama
+        from vgc.shells.bench.timing import breakable_llama
 
         compiled, report = breakable_llama(model, cfg, kv, whole_decode=mode in ("full", "full_and_piecewise"))
         report["seconds"] = {"warmup": report["seconds"]["capture"], "cudagraph_capture": report["seconds"]["capture"]}
@@ -82,8 +82,8 @@ def cache_dirs(root: str) -> dict[str, str]:
 def _run_child(model_name: str, device: str, mode: str, root: str, strategy: str = "inductor") -> dict:
     env = dict(os.environ, **cache_dirs(root))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)   # Inductor's cache then lives under the vgc root
-    proc = subprocess.run([sys.executable, "-m", "vgc.bench.startup", "--child", model_name, device, mode, strategy,
-                           repr(time.time())], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "vgc.shells.bench.startup", "--child", model_name, device, mode,
+                           strategy, repr(time.time())], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"startup child failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _deploy(model_name: str, device: str, mode: str, root: str, strategy: str) -> dict:
     """Pack the warm root, unpack it under a new root whose other caches are empty, start a process there."""
-    from vgc.cache import bundle
+    from vgc.shells import bundle
 
     path = os.path.join(root, "deployment.vgcb")
     start = time.perf_counter()

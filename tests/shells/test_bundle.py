@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vgc.cache import bundle as bundles
-from vgc.cache import bundle_check
+from vgc.shells import bundle as bundles
+from vgc.shells import bundle_check
 from vgc.cache import cpu_isa, inventory
 from vgc.cache.layout import CACHE_SUBDIR, FACTORS_FILE
-from vgc.cli import main as vgc_main
+from vgc.shells.cli import main as vgc_main
 from conftest import mount_tmpfs
 
 WORKER = str(Path(__file__).parents[1] / "workers" / "warm_worker.py")

@@ -1,6 +1,6 @@
 """`vgc profile show PATH`: a recorded traffic profile's histograms, and the sizes it makes worth capturing for a
 few graph counts, with the padding each set costs against the default sizes. Its arguments are declared in
-`vgc/cli.py`."""
+`vgc/shells/cli.py`."""
 
 from __future__ import annotations
 

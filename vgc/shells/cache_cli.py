@@ -1,5 +1,5 @@
 """`vgc cache ls | show | verify | prune | why-miss | pack | unpack`: the cache seen from the shell (their
-arguments are declared in `vgc/cli.py`).
+arguments are declared in `vgc/shells/cli.py`).
 
 Exit status: 0 when all is well, 1 when the command found a problem (`verify`: a bad path or a bad bundle;
 `why-miss`: the compile would miss; `unpack`: the bundle was refused), 2 for a usage error (argparse's, bad
@@ -22,10 +22,11 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from vgc import envs
-from vgc.cache import bundle as bundles
-from vgc.cache import inventory, layout, saved_traces, verify
+from vgc.cache import inventory, layout, saved_traces
 from vgc.cache.keys import cache_key, compiles, diff_factors, environment_factors, source_factors
 from vgc.config import CompilationConfig
+from vgc.shells import bundle as bundles
+from vgc.shells import verify
 
 _LS_WIDTH = 120   # the differences line of `ls` stops adding factors here
 

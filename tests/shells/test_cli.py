@@ -15,11 +15,11 @@ import torch
 
 import vgc
 from vgc import demo
-from vgc.bench import decode, encoder, generate, hf, startup
-from vgc.cache import cli as cache_cli
+from vgc.shells.bench import decode, encoder, generate, hf, startup
+from vgc.shells import cache_cli
 from vgc.cache import inventory, layout
 from vgc.cache.keys import cache_key, source_factors
-from vgc.cli import build_parser, main
+from vgc.shells.cli import build_parser, main
 
 FAKE_ENV = {"device_type": "cpu", "python": "3.11", "torch_version": "2.13.0+cpu"}
 
@@ -74,7 +74,7 @@ def test_root_before_or_after_the_cache_command(two_entries, capsys, argv):
 
 
 def test_benchmark_arguments_go_to_the_benchmark(monkeypatch):
-    from vgc.bench import startup
+    from vgc.shells.bench import startup
 
     seen = []
     monkeypatch.setattr(startup, "main", lambda argv: seen.append(argv) or 0)
@@ -103,7 +103,7 @@ def test_version(capsys):
 def _imported_modules(*argv: str) -> tuple[set[str], str]:
     """The modules `python -m vgc ARGV` imports, and its stdout."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "vgc", *argv], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).resolve().parents[1])
+                          check=True, cwd=Path(__file__).resolve().parents[2])
     names = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     return names, proc.stdout
 
@@ -114,12 +114,12 @@ def test_help_imports_no_torch(argv):
     assert out.startswith(f"usage: vgc {' '.join(argv)}".rstrip()), out
     imported = sorted(n for n in names if n == "torch" or n.startswith("torch."))
     assert not imported, f"`{' '.join(['vgc', *argv, '--help'])}` imported torch ({len(imported)} torch modules)"
-    assert "vgc.cli" in names   # the import log is read: an empty one would pass the line above
+    assert "vgc.shells.cli" in names   # the import log is read: an empty one would pass the line above
 
 
 def test_version_from_the_entry_point():
     proc = subprocess.run([sys.executable, "-m", "vgc", "--version"], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert proc.stdout.startswith(f"vgc {vgc.__version__} (torch ")
 
 

@@ -24,7 +24,7 @@ from collections import Counter
 
 import torch
 
-from vgc.bench.timing import llama_on_cuda, warm_llama
+from vgc.shells.bench.timing import llama_on_cuda, warm_llama
 
 
 def draw(histogram: dict[int, int], calls: int, seed: int) -> list[int]:

@@ -98,7 +98,7 @@ def _run(root: str, device: str, kept: bool) -> int:
           f"{counters['inductor_compiles']} Inductor compiles, {counters['artifacts_loaded']} artifacts loaded)")
 
     env = dict(os.environ, VGC_CACHE_ROOT=root)
-    proc = subprocess.run([sys.executable, "-m", "vgc.demo", "--child", device], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "vgc.shells.demo", "--child", device], env=env, capture_output=True,
                           text=True, check=False)
     if proc.returncode != 0:
         print(proc.stderr[-3000:])

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vgc.cache import bundle_manifest, json_data, kernel_hashes, saved_traces
+from vgc.cache import json_data, kernel_hashes, saved_traces
 from vgc.cache.keys import compiles, diff_factors, environment_factors
 from vgc.cache.layout import (ARTIFACT_DIR, CACHE_SUBDIR, FACTORS_FILE, INDEX_FILE, make_private_dirs, TRACE_PREFIX,
                               TRACE_SUFFIX)
 from vgc.cache.recovery import INDUCTOR_SUBDIR
 from vgc.cache.store import bound_elsewhere, factors_problem, record_problem
+from vgc.shells import bundle_manifest
 
 MANIFEST_NAME = "manifest.json"
 _MANIFEST_LIMIT = bundle_manifest.MAX_BYTES   # a manifest larger than this is not one vgc wrote
