@@ -229,6 +229,30 @@ def test_files_inductor_leaves_empty_on_purpose_are_not_damage(tmp_path, name):
         [("cut.so", "empty file (a write that was interrupted)")]
 
 
+def test_autotuning_results_inductor_rewrites_in_place_are_not_checked_against_a_record(tmp_path):
+    """Triton's `.best_config` files are rewritten as more sizes are tuned: on an H100 all four of a warm root's
+    had changed after they were recorded, and every start removed them as swapped. They are not recorded, and a
+    record an older vgc wrote for one is ignored; a kernel beside them still is checked."""
+    from vgc.cache import kernel_hashes
+
+    kernels = tmp_path / recovery.INDUCTOR_SUBDIR
+    rank = tmp_path / "torch_compile_cache" / "e" / "rank_0_0"
+    (kernels / "ab").mkdir(parents=True)
+    rank.mkdir(parents=True)
+    tuned, kernel = kernels / "ab" / "0123.best_config", kernels / "ab" / "k.main.so"
+    tuned.write_text('{"XBLOCK": 64}')
+    kernel.write_bytes(b"\x7fELF one")
+    kernel_hashes.update(rank, kernels)
+    assert set(json.loads((rank / kernel_hashes.RECORD_FILE).read_text())) == {"ab/k.main.so"}
+    record = json.loads((rank / kernel_hashes.RECORD_FILE).read_text())
+    record["ab/0123.best_config"] = "0" * 64   # as the vgc before this wrote it
+    (rank / kernel_hashes.RECORD_FILE).write_text(json.dumps(record))
+    tuned.write_text('{"XBLOCK": 128}')
+    assert kernel_hashes.mismatches(tmp_path, kernels, once=False) == []
+    kernel.write_bytes(b"\x7fELF two")
+    assert [p.name for p, _ in kernel_hashes.mismatches(tmp_path, kernels, once=False)] == ["k.main.so"]
+
+
 def test_a_missing_index_is_named_as_the_index_when_its_artifacts_load(copy, caplog):
     """Without index.json a start compiles every artifact again; the warning names the index, not an artifact."""
     import logging

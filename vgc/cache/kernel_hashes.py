@@ -40,10 +40,16 @@ _seen: dict[str, str] = {}     # file -> the sha256 this process found it to hav
 _rebuilt: set[str] = set()     # files this process removed: the bytes Inductor writes there next are its own
 
 
+# Files Inductor rewrites in place, whose bytes no record can hold: Triton's autotuning results (`.best_config`,
+# updated as more sizes are tuned; a warm root on an H100 had all four rewritten after they were recorded, so
+# every start removed them and tuned again).
+_REWRITTEN = (".best_config",)
+
+
 def tracked(relative: str) -> bool:
     parts = relative.split("/")
     if parts[0] in _UNTRACKED_DIRS or any(p.startswith(".") for p in parts) or relative.endswith((".lock", ".tmp")) \
-            or ".vgc-loads-" in relative:
+            or ".vgc-loads-" in relative or relative.endswith(_REWRITTEN):
         return False
     # Inductor's CPU capability probes (`c<hash>.so` and `.cpp` beside the kernels' `c<hash>.main.so`): every start
     # that lacks one builds it, with other bytes, before any artifact loads; no artifact loads them
@@ -123,6 +129,7 @@ def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | 
                 found.append((rank_dir / RECORD_FILE, "unreadable or malformed: Inductor's files cannot be checked "
                                                       "against it"))
             continue
+        record = {relative: value for relative, value in record.items() if tracked(relative)}   # older records
         for relative, value in record.items():
             known.setdefault(relative, set()).add(value)
         if only is None or rank_dir in only:
