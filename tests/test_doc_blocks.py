@@ -127,7 +127,7 @@ def test_every_command_on_the_current_numbers_page_exists():
     import importlib
     import shlex
 
-    from vgc import cli
+    from vgc.shells import cli
 
     commands = _numbers_commands()
     assert len(commands) >= 5, commands

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import vgc
-from vgc import demo
+from vgc.shells import demo
 from vgc.shells.bench import decode, encoder, generate, hf, startup
 from vgc.shells import cache_cli
 from vgc.cache import inventory, layout

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if args.command == "demo":
-        from vgc import demo as demo_module
+        from vgc.shells import demo as demo_module
 
         return demo_module.main(cache_root=args.cache_root, device=args.device)
     if args.command == "cache":
