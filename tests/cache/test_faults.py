@@ -100,6 +100,8 @@ OPS = {
 }
 FILE_OPS = ("truncate", "zero", "garbage", "directory", "loop", "delete")
 JSON_KINDS = ("index", "factors")
+# Kinds whose file can be swapped with another of the same kind (issue 51: swapped kernels crashed every start)
+SWAP_KINDS = ("artifact", "kernel_so", "kernel_py", "kernel_other")
 
 
 def plan_faults(root: Path, count: int, seed: int) -> list[tuple[str, str, str]]:
@@ -108,7 +110,8 @@ def plan_faults(root: Path, count: int, seed: int) -> list[tuple[str, str, str]]
     targets = {k: v for k, v in _targets(root).items() if v}
     pairs = []
     for kind in targets:
-        ops = OPS.get(kind, FILE_OPS + (("schema",) if kind in JSON_KINDS else ()))
+        ops = OPS.get(kind, FILE_OPS + (("schema",) if kind in JSON_KINDS else ())
+                      + (("swap",) if kind in SWAP_KINDS and len(_swappable(targets[kind])) > 1 else ()))
         pairs += [(kind, op) for op in ops]
     rng.shuffle(pairs)
     # the sample the suite runs must touch every kind: order pairs so that kinds alternate
@@ -123,14 +126,25 @@ def plan_faults(root: Path, count: int, seed: int) -> list[tuple[str, str, str]]
     plan = []
     while len(plan) < count:
         kind, op = ordered[len(plan) % len(ordered)]
-        path = rng.choice(targets[kind])
+        path = rng.choice(_swappable(targets[kind]) if op == "swap" else targets[kind])
         plan.append((kind, op, str(path.relative_to(root)) if path != root else "."))
     return plan
 
 
+def _swappable(paths: list[Path]) -> list[Path]:
+    """The files that have another of the same suffix with other bytes (a swap changes both)."""
+    return [p for p in paths if any(q.suffixes == p.suffixes and q.read_bytes() != p.read_bytes() for q in paths)]
+
+
 def apply_fault(root: Path, kind: str, op: str, rel: str, rng: random.Random) -> None:
     path = root / rel
-    if op == "mode_777":
+    if op == "swap":   # its bytes exchanged with another file of its kind (same suffixes, other bytes)
+        other = rng.choice([q for q in _targets(root)[kind] if q.suffixes == path.suffixes and
+                            q.read_bytes() != path.read_bytes()])
+        held = path.read_bytes()
+        path.write_bytes(other.read_bytes())
+        other.write_bytes(held)
+    elif op == "mode_777":
         path.chmod(0o777)
     elif op == "other_owner":
         os.chown(path, 12345, 12345)

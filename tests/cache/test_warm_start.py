@@ -136,15 +136,23 @@ def test_edited_model_source_misses_and_is_correct(user_model, tmp_path):
     assert len(trace_files(copy)) == 2   # the old entry keeps its trace; the new entry has its own
 
 
-def test_cut_short_trace_warns_traces_again_and_is_correct(user_model, tmp_path, capsys):
+@pytest.mark.parametrize("damage", ["cut short", "looping symlink"])
+def test_a_damaged_trace_warns_traces_again_and_is_correct(user_model, tmp_path, capsys, damage):
+    """A looping symlink in the trace's place (fault campaign, seed 5107): the start found no trace by its name
+    (`exists()` fails on the loop) and traced again without a word, while verify named it."""
     root, model_file, _, _ = user_model
     copy = tmp_path / "root"
     shutil.copytree(root, copy)
     (trace,) = trace_files(copy)
-    trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
+    if damage == "cut short":
+        trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
+    else:
+        trace.unlink()
+        trace.symlink_to(trace.name)
     assert [path for path, _ in verify.verify_root(copy)] == [trace]   # verify names it
-    assert vgc_main(["cache", "--root", str(copy), "why-miss", "--entry", trace.parent.parent.name]) == 0
-    assert "damaged" in capsys.readouterr().out
+    if damage == "cut short":
+        assert vgc_main(["cache", "--root", str(copy), "why-miss", "--entry", trace.parent.parent.name]) == 0
+        assert "damaged" in capsys.readouterr().out
     result = run_worker(copy, model_file)
     assert result["trace_source"] == "traced" and result["counters"]["inductor_compiles"] == 0
     assert any("saved trace" in w and "unusable" in w for w in result["warnings"])

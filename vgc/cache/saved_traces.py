@@ -135,8 +135,11 @@ def find(root: Path, config: CompilationConfig, device_type: str, trace_identity
     """The usable saved trace of this identity under `root`, newest first, and why each other one is not."""
     reasons = []
     rank = rank_dir_name()
+    name = trace_file_name(trace_identity)
     try:
-        candidates = sorted((root / CACHE_SUBDIR).glob(f"*/{rank}/{trace_file_name(trace_identity)}"),
+        # matched by listing, not by name: a literal name is looked up with exists(), which a looping symlink in
+        # the trace's place fails, and the start would trace again without a word of the damage
+        candidates = sorted((p for p in (root / CACHE_SUBDIR).glob(f"*/{rank}/{name[:-1]}*") if p.name == name),
                             key=_modified, reverse=True)
     except OSError as e:
         return None, [f"cannot list {root / CACHE_SUBDIR} ({e.strerror or e})"]
