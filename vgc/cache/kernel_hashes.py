@@ -80,11 +80,13 @@ def holds_its_name(relative: str, data: bytes) -> bool | None:
     return None if name is None else name == relative.rpartition("/")[2][:-len(".py")]
 
 
-def _holds_its_name(path: Path, relative: str) -> bool | None:
-    try:
-        return holds_its_name(relative, path.read_bytes())
-    except OSError:
-        return None
+def _hashes(path: Path, relative: str) -> tuple[str, bool | None]:
+    """(the file's sha256, whether it holds the code its name says: None unless it is a generated module and this
+    torch can tell), from one read of the file; raises OSError."""
+    if not named_module(relative):
+        return _sha256(path), None
+    data = path.read_bytes()
+    return hashlib.sha256(data).hexdigest(), holds_its_name(relative, data)
 
 
 def free_name(value: str) -> bool:
@@ -144,11 +146,10 @@ def mismatches(root: Path, kernels: Path, once: bool = True, only: list[Path] | 
                 if missing is not None and not os.path.lexists(path):
                     missing.append(path)
                 continue   # missing (built again), or a directory (recovery's business)
-            actual = _sha256(path)
+            actual, named = _hashes(path, relative)
         except OSError:
             continue       # unreadable: recovery's business
-        if actual in digests and named_module(relative) and not any(free_name(v) for v in values) \
-                and _holds_its_name(path, relative) is False:
+        if actual in digests and named is False and not any(free_name(v) for v in values):
             found.append((path, "holds other code than its name says (Inductor names a generated module by a hash of "
                                 "its source; swapped with another kernel, with its content hash recorded over it)"))
         elif actual in digests:
@@ -230,11 +231,11 @@ def update(rank_dir: Path, kernels: Path) -> None:
             if not tracked(relative) or (relative in record and str(path) not in _rebuilt) or path.is_symlink():
                 continue
             try:
-                record[relative] = _seen[str(path)] = _sha256(path)
+                actual, named = _hashes(path, relative)
             except OSError:
                 continue
-            if named_module(relative) and _holds_its_name(path, relative) is False:
-                record[relative] += FREE_NAME
+            _seen[str(path)] = actual
+            record[relative] = actual + (FREE_NAME if named is False else "")
             _rebuilt.discard(str(path))
             changed = True
     if changed:

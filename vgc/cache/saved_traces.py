@@ -137,10 +137,10 @@ def find(root: Path, config: CompilationConfig, device_type: str, trace_identity
     rank = rank_dir_name()
     name = trace_file_name(trace_identity)
     try:
-        # matched by listing, not by name: a literal name is looked up with exists(), which a looping symlink in
-        # the trace's place fails, and the start would trace again without a word of the damage
-        candidates = sorted((p for p in (root / CACHE_SUBDIR).glob(f"*/{rank}/{name[:-1]}*") if p.name == name),
-                            key=_modified, reverse=True)
+        # lexists, not glob's exists(): a looping symlink in the trace's place must be found (and reported when it
+        # cannot be read), not skipped so that the start traces again without a word of the damage
+        candidates = sorted((rank_dir / name for rank_dir in (root / CACHE_SUBDIR).glob(f"*/{rank}")
+                             if os.path.lexists(rank_dir / name)), key=_modified, reverse=True)
     except OSError as e:
         return None, [f"cannot list {root / CACHE_SUBDIR} ({e.strerror or e})"]
     for path in candidates:
