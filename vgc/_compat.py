@@ -690,11 +690,12 @@ _GUARD_ROOT = re.compile(r"[A-Za-z_]\w*")
 _FUNCTION_DEFAULTS = re.compile(r"\.__(kw)?defaults__\b")
 
 
-def model_state_guard_filter(argument_names: set[str]) -> Callable:
+def model_state_guard_filter(argument_names: set[str], take_over: Callable[[Any], bool] | None = None) -> Callable:
     """A `guard_filter_fn` for a saved program: keep the serializable guards on the model's own state (its
     attributes' values, hooks, global torch state) and on globals the trace read (a module constant), and drop
     those on the call's arguments (vgc's input contract checks them) and on sizes. Types and the functions a
-    model holds are checked by vgc itself (`guards.ModelStructure`)."""
+    model holds are checked by vgc itself (`guards.ModelStructure`), and so is any guard `take_over(entry)` says
+    vgc records and checks itself (an entry has `name`, `guard_type`, `has_value`, `value`, `is_global`)."""
     from torch._dynamo.guards import CheckFunctionManager
 
     # Identity guards name objects of this process (a module, a function, a local class): they cannot be saved.
@@ -711,7 +712,8 @@ def model_state_guard_filter(argument_names: set[str]) -> Callable:
             types = {entry.guard_type, *getattr(entry, "derived_guard_types", ())}
             kept.append(not types & unsupported and not getattr(entry.orig_guard, "_unserializable", False)
                         and not _FUNCTION_DEFAULTS.search(entry.name)
-                        and (entry.is_global or root is None or root[0] not in argument_names))
+                        and (entry.is_global or root is None or root[0] not in argument_names)
+                        and not (take_over is not None and take_over(entry)))
         return kept
     return keep
 

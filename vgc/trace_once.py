@@ -30,6 +30,7 @@ from vgc.cache.keys import module_source_files, user_source_files
 from vgc.capture.contract import InputContract
 from vgc.capture.model_state import model_structure, state_mismatch, state_shapes
 from vgc.capture.paths import InputMismatchError
+from vgc.capture.state_values import StateValueRecorder, values_mismatch
 from vgc.capture.size_guards import snapshot_shape_guards
 from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType, PieceBackend
 from vgc.distributed import RankFailedError
@@ -282,7 +283,8 @@ class TraceSession:
                            "modules were added or removed")
             return f"the model's modules or functions differ from the traced one ({changed})"
         bound = getattr(self.forward, "__self__", None)
-        mismatch = state_mismatch(plan.state_tensors, {"self": bound})
+        mismatch = state_mismatch(plan.state_tensors, {"self": bound}) or \
+            values_mismatch(plan.state_values, {"self": bound})
         if mismatch is not None:
             return f"the model differs from the traced one: {mismatch}"
         with torch.no_grad():
@@ -312,9 +314,13 @@ class TraceSession:
 
     def _capture(self, args: tuple, kwargs: dict) -> Callable:
         start = time.perf_counter()
+        bound = getattr(self.forward, "__self__", None)
+        # The model's plain attribute values the trace reads are vgc's to check at a load, not Dynamo's guards'
+        recorder = StateValueRecorder({"self": bound}) if bound is not None else None
         with self.backend.tracing(plan_only=True):
             program = _compat.aot_capture(self.traced, self.backend, *self._layout(args, kwargs),
-                                          _compat.model_state_guard_filter(set(self.arguments)))
+                                          _compat.model_state_guard_filter(
+                                              set(self.arguments), recorder.take_over if recorder else None))
         function = getattr(self.forward, "__func__", self.forward)
         # The program is what Dynamo traced: for a decorated forward (transformers' `can_return_tuple`), the
         # decorator's wrapper, which the model's calls go through too.
@@ -325,6 +331,7 @@ class TraceSession:
         _compat.aot_import_module_aliases(program, getattr(self.traced, "__globals__", {}))
         saved = _compat.aot_backend_result(program)
         saved.plan.structure = self.structure
+        saved.plan.state_values = recorder.values if recorder else []
         # Torch names the traced code by module; code in a file Python did not import as a module (loaded by
         # path) is missing there, and is found by the files Dynamo recorded on the graph's operations.
         modules = _compat.aot_source_modules(program)

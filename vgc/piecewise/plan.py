@@ -59,6 +59,7 @@ class GraphPlan:
     state_tensors: list = field(default_factory=list)   # capture.model_state.StateTensor: the model's weights as traced
     code_files: set[str] = field(default_factory=set)   # files whose code made an operation (traced plans only)
     structure: tuple = ()   # capture.model_state.model_structure of the traced model (set by its TraceSession)
+    state_values: list = field(default_factory=list)   # capture.state_values.StateValue: its plain values as traced
     collectives: int = 0    # calls that talk to other ranks (vgc::all_reduce, functional collectives)
 
     @property
@@ -105,6 +106,7 @@ class GraphPlan:
             "input_check": self.input_check,
             "state_tensors": self.state_tensors,
             "structure": self.structure,
+            "state_values": self.state_values,
             "collectives": self.collectives,
         }
 
@@ -124,6 +126,7 @@ class GraphPlan:
                   for name, index, splitting in state["pieces"]]
         return cls(split_gm, pieces, plans, state["device_type"], state["shape_guards"], state["input_check"],
                    state["compiler_guards"], state_tensors=state["state_tensors"], structure=state["structure"],
+                   state_values=state.get("state_values", []),
                    collectives=state.get("collectives", 0))
 
 
