@@ -451,9 +451,21 @@ def functorch_config_portable() -> dict[str, Any]:
 
 def torch_build_key() -> str:
     """A hash of the installed torch build, as Inductor's own cache keys it (private `codecache`)."""
+    return torch_source_key().hex()[:32]
+
+
+def torch_source_key(known: bytes | None = None) -> bytes:
+    """Inductor's hash of torch's source files (private `codecache.torch_key`: it reads every torch module, 0.1-0.7
+    s). `known`, the value an earlier process computed for these same files, is handed to Inductor instead, where
+    torch allows it and has not computed its own yet (its cache has a `set`)."""
     from torch._inductor.codecache import torch_key
 
-    return torch_key().hex()[:32]
+    if known is not None:
+        try:
+            torch_key.set(known)
+        except (AttributeError, AssertionError, RuntimeError):   # no setter, or already known in this process
+            pass
+    return torch_key()
 
 
 def cpu_vec_isa() -> str:

@@ -1,0 +1,82 @@
+"""Inductor's hash of torch's sources is remembered under the cache root, by a signature of those files, and handed
+to Inductor by the next process (which then reads no torch module to hash it); a damaged record is computed again."""
+
+import json
+import os
+import subprocess
+import sys
+
+from vgc.cache import keys
+
+# A fresh process: the entry key of a config (what every start computes), then Inductor's own torch hash.
+PROBE = """
+import json, sys, vgc
+from torch._inductor import codecache
+from vgc.cache import keys
+hashed = []
+original = codecache.build_code_hash
+codecache.build_code_hash = lambda *a: (hashed.append(1), original(*a))[1]
+from vgc.cache.entry import entry_key
+entry_key(vgc.CompilationConfig(), "cpu", [])
+print(json.dumps({"torch_key": codecache.torch_key().hex(), "read_torch_files": bool(hashed)}))
+"""
+
+
+def probe(root) -> dict:
+    env = {**os.environ, "VGC_CACHE_ROOT": str(root)}
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def records(root):
+    return sorted((root / keys.TORCH_KEYS_DIR).iterdir())
+
+
+def test_the_hash_is_remembered_handed_to_inductor_and_a_damaged_record_is_computed_again(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    first = probe(root)
+    assert first["read_torch_files"]
+    [record] = records(root)
+    assert record.read_text().split()[0] == first["torch_key"]
+
+    second = probe(root)   # remembered: Inductor is handed the value, no torch module is read to hash it
+    assert second == {"torch_key": first["torch_key"], "read_torch_files": False}
+
+    # A record whose check fails (one hex digit changed) is not taken for a hash: computed again, rewritten.
+    text = record.read_text()
+    record.write_text(("0" if text[0] != "0" else "1") + text[1:])
+    third = probe(root)
+    assert third == {"torch_key": first["torch_key"], "read_torch_files": True}
+    assert record.read_text() == text
+    for garbage in (b"", b"\xff\xfe", b"zz 12", b"ab" * 40):
+        record.write_bytes(garbage)
+        assert probe(root) == third
+        assert record.read_text() == text
+
+
+def test_a_root_that_cannot_hold_the_record_computes_the_hash_each_time(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / keys.TORCH_KEYS_DIR).write_text("a file where the records' directory goes")   # refuses writes, as root too
+    assert probe(root)["read_torch_files"] and probe(root)["read_torch_files"]
+    assert (root / keys.TORCH_KEYS_DIR).read_text() == "a file where the records' directory goes"
+
+
+def test_the_signature_follows_every_module_file(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.so").write_bytes(b"\0" * 8)
+    (package / "notes.txt").write_text("not a module")
+    before = keys._files_signature(str(package))
+    (package / "notes.txt").write_text("still not a module, longer")
+    assert keys._files_signature(str(package)) == before
+    (package / "a.py").write_text("x = 22\n")     # another size
+    edited = keys._files_signature(str(package))
+    assert edited != before
+    os.utime(package / "sub" / "b.so", ns=(1, 1))   # same size, another time
+    assert keys._files_signature(str(package)) != edited
+    (package / "c.py").write_text("")
+    assert len({before, edited, keys._files_signature(str(package))}) == 3
