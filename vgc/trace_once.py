@@ -32,7 +32,7 @@ from vgc.capture.model_state import model_structure, state_mismatch, state_shape
 from vgc.capture.paths import InputMismatchError
 from vgc.capture.state_values import StateValueRecorder, values_mismatch
 from vgc.capture.size_guards import snapshot_shape_guards
-from vgc.config import CompilationConfig, CUDAGraphMode, DynamicShapesType, PieceBackend
+from vgc.config import CompilationConfig, DynamicShapesType, PieceBackend
 from vgc.distributed import RankFailedError
 from vgc.log import warn_once
 from vgc.piecewise.plan import GraphPlan, SavedGraph

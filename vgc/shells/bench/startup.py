@@ -73,6 +73,18 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
     }))
 
 
+def _bytecode_state(source: str) -> str:
+    """Whether the processes import torch from bytecode: without it every import compiles torch's sources (seconds
+    of each start, more than a warm `warmup()` on a GPU host)."""
+    cached = importlib.util.cache_from_source(source)
+    if os.path.exists(cached):
+        return f"cached ({cached})"
+    if sys.dont_write_bytecode:
+        return ("not cached and not written (PYTHONDONTWRITEBYTECODE): every process compiles the source of the "
+                "torch modules it imports; an installed torch has its .pyc files")
+    return f"not cached yet: the first process writes it ({cached})"
+
+
 def cache_dirs(root: str) -> dict[str, str]:
     """The compile caches a start touches, all under `root`, as environment variables."""
     return {"VGC_CACHE_ROOT": os.path.join(root, "vgc"), "TRITON_CACHE_DIR": os.path.join(root, "triton"),
@@ -135,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.cudagraph_mode}, strategy {args.strategy}; every cache starts empty in:")
     for name, path in cache_dirs(root).items():
         print(f"  {name}={path}")
-    if sys.dont_write_bytecode and not os.path.exists(importlib.util.cache_from_source(torch.__file__)):
-        print("note: Python writes no bytecode here (PYTHONDONTWRITEBYTECODE), so every process compiles the source "
-              "of the torch modules it imports; an installed torch has its .pyc files")
+    print(f"  torch's bytecode: {_bytecode_state(torch.__file__)}")
     print(f"  TORCHINDUCTOR_CACHE_DIR={os.path.join(cache_dirs(root)['VGC_CACHE_ROOT'], 'inductor_cache')}")
     cold = _run_child(model_name, device, args.cudagraph_mode, root, args.strategy)
     warms = [_run_child(model_name, device, args.cudagraph_mode, root, args.strategy) for _ in range(args.warm_runs)]
