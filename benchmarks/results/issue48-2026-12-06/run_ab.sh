@@ -1,4 +1,5 @@
-# A/B of warm starts, llama_1b, cudagraph none: base = vgc at 350339c (before this session), new = the tree.
+# A/B of warm starts, llama_1b, cudagraph none: base = vgc at 350339c (before this session; made with
+# `mkdir base && git archive 350339c vgc | tar -x -C base` in this folder, removed after the run), new = the tree.
 # Each variant has its own empty caches; bytecode is cached for every process (PYTHONPYCACHEPREFIX), as for an
 # installed torch. Order: cold base, cold new, then warm base / warm new interleaved four times.
 set -u
