@@ -22,6 +22,7 @@ LAYERS = [
     ("CUDA graphs", ["vgc.cudagraph"]),
     ("drop-in backend", ["vgc.backend"]),
     ("trace once", ["vgc.trace_once"]),
+    ("background compile", ["vgc.background_compile"]),
     ("vgc.compile", ["vgc.api"]),
     ("clients", ["vgc.encoder", "vgc.integrations", "vgc.models"]),
     ("shells", ["vgc", "vgc.__main__", "vgc.shells"]),

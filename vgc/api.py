@@ -12,11 +12,13 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
 
 from vgc import _compat
+from vgc.background_compile import BackgroundCompile, read_payload, write_result
 from vgc.capture import compile_ranges
 from vgc.capture.contract import (argument_specs, check_dynamic_arg_dims, DimSpec, dynamic_dims, InputContract,
                                   mark_dynamic_dims, padded_dims)
@@ -25,10 +27,14 @@ from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph import traffic
 from vgc.cudagraph.dispatch import GraphDispatcher
-from vgc.distributed import RankFailedError, StartCheckIn
+from vgc.distributed import rank_and_size, RankFailedError, StartCheckIn
 from vgc.trace_once import TraceOnceBackend, TraceSession
 
 logger = logging.getLogger("vgc")
+
+
+class _NotSaved(LookupError):
+    """A start that may only load (a tiered one) found no saved trace it can use."""
 
 
 class CompiledModel:
@@ -36,9 +42,23 @@ class CompiledModel:
 
     def __init__(self, model: Callable, config: CompilationConfig | dict | None = None,
                  dynamic_arg_dims: dict[str, DimSpec] | None = None, pad_values: dict[str, Any] | None = None,
-                 uniform_decode: Callable[[dict], bool] | None = None, record: str | None = None):
+                 uniform_decode: Callable[[dict], bool] | None = None, record: str | None = None,
+                 tiered: bool = False):
         self.model = model
         self.config = _as_config(config)
+        if tiered and self.config.compile_ranges_max_size:
+            raise ValueError("tiered=True does not take compile_ranges_max_size yet: a tiered start compiles one "
+                             "trace in the background; leave one of the two out")
+        if tiered and rank_and_size()[1] > 1:
+            raise ValueError("tiered=True serves one process: with several ranks each would compile alone, outside "
+                             "their start check-in; start the ranks without it")
+        self.tiered = tiered
+        self.tier: str | None = None   # tiered: "eager" while the model itself serves, "compiled" after the swap
+        self._tier_calls = {"eager": 0, "compiled": 0}
+        self._background: BackgroundCompile | None = None
+        self.background_compile: str | None = None   # tiered: "running", "done" or "failed"
+        self._pending_warmup: tuple | None = None   # the warmup() a swap runs, from the cache
+        self._load_only = False   # a start that must load its trace (a tiered one), never trace it
         # a profile is checked now: a bad file fails vgc.compile(), not the start it would shape
         self.profile = traffic.load_profile(self.config.cudagraph_traffic_profile, "decoder") \
             if self.config.cudagraph_traffic_profile else None
@@ -74,8 +94,12 @@ class CompiledModel:
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
+        if self.tier == "eager":
+            return self._first_tier(args, kwargs)
         if self.contract is None:
             return self._start(args, kwargs)
+        if self.tiered and not self._warming:
+            self._tier_calls["compiled"] += 1
         arguments = self._bind(args, kwargs)
         try:
             self.contract.check(arguments)
@@ -88,6 +112,77 @@ class CompiledModel:
         if self.recorder is not None and not self._warming and self._size_of is not None:
             self._record(arguments)   # a call that was served: it passed the checks, so its size dim exists
         return out
+
+    # ---- a tiered start ----
+    def _first_tier(self, args, kwargs):
+        """A call while the compile runs in the background: the model itself answers, until the compile's trace
+        and artifacts are in the cache; then the call that finds them swaps them in and is the first served
+        compiled."""
+        if self._background is not None and self._background.done():
+            self._swap()
+        if self.tier == "eager":
+            self._tier_calls["eager"] += 1
+            with torch.no_grad():
+                return self.model(*args, **kwargs)
+        return self(*args, **kwargs)
+
+    def _swap(self) -> None:
+        background, self._background = self._background, None
+        self._seconds["background_compile"] = background.seconds
+        self.background_compile = "failed"
+        if background.result() is None:
+            logger.warning("tiered start: the background compile failed (%s); the model itself keeps serving",
+                           background.failure())
+            background.cleanup()
+            return
+        start = time.perf_counter()
+        self.tier, self._load_only, self._warming = None, True, True
+        try:
+            self._warmup(*self._pending_warmup)
+        except Exception as e:   # the cache could not serve it after all: this process never compiles
+            self.contract = self.graphs = self._run = None
+            self.backend.graphs.clear()
+            self.tier = "eager"
+            logger.warning("tiered start: the background compile's trace could not be loaded (%s: %s); the model "
+                           "itself keeps serving", type(e).__name__, e)
+        else:
+            self.tier, self.background_compile = "compiled", "done"
+            self._seconds["swap"] = time.perf_counter() - start
+            logger.info("tiered start: swapped in the compiled model after %d calls served by the model itself "
+                        "(background compile %.1f s, load %.2f s)", self._tier_calls["eager"], background.seconds,
+                        self._seconds["swap"])
+        finally:
+            self._load_only = self._warming = False
+            background.cleanup()
+
+    def wait_for_compile(self, timeout: float | None = None) -> bool:
+        """A tiered start: wait (at most `timeout` seconds) for the background compile to end; the next call swaps
+        it in. True when it has ended (or none runs)."""
+        return self._background is None or self._background.wait(timeout)
+
+    def _start_tiered(self, make_inputs, trace_size, make_decode_inputs) -> dict[str, Any]:
+        """Warm-up of a tiered start: from the cache when it holds this model's trace (as any warm start), else
+        the model itself serves while a child process traces and compiles the first call's program into the
+        cache, and a later call swaps it in."""
+        self._pending_warmup = (make_inputs, trace_size, make_decode_inputs)
+        self._load_only = True
+        try:
+            self._warmup(make_inputs, trace_size, make_decode_inputs)
+        except _NotSaved:
+            self.backend.graphs.clear()
+        else:
+            self.tier = "compiled"
+            return self.stats()
+        finally:
+            self._load_only = False
+        inputs = make_inputs(trace_size if trace_size is not None else max([16, *self.config.compile_sizes]))
+        args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (_positional(inputs), {})
+        options = {"config": self.config, "dynamic_arg_dims": self.dynamic_arg_dims, "pad_values": self.pad_values,
+                   "uniform_decode": self.uniform_decode}
+        self._background = BackgroundCompile("vgc.api:compile_in_background", self.model, args, kwargs, options)
+        weakref.finalize(self, self._background.cleanup)   # a server that exits stops its compile
+        self.tier, self.background_compile = "eager", "running"
+        return self.stats()
 
     def _serve(self, arguments: dict[str, Any], args, kwargs):
         # Inference only: traced and run without autograd, whatever the caller's grad mode.
@@ -137,6 +232,8 @@ class CompiledModel:
         check_in = StartCheckIn()
         try:
             return self._start_checked_in(args, kwargs, check_in)
+        except _NotSaved:   # a tiered start that compiles in the background: no rank has failed
+            raise
         except BaseException as e:
             check_in.failed(e)   # no effect once this rank has reported ready
             raise
@@ -157,6 +254,9 @@ class CompiledModel:
         session = TraceSession(self.backend, self.model, self._forward, self._signature, arguments, device.type,
                                identity, check_in.ready)
         trace = session.load(args, kwargs)
+        if trace is None and self._load_only:
+            raise _NotSaved("no saved trace of this model and call that this process can load (the INFO lines "
+                            "above say why)")
         if trace is None:
             mark_dynamic_dims(arguments, dynamic, mode, may_specialise=self._range_at is not None)
             trace = session.trace(args, kwargs)
@@ -223,8 +323,14 @@ class CompiledModel:
         With `compile_ranges_max_size`, sizes 2 to it are covered by a trace per range of the model's size
         conditions (`vgc.capture.compile_ranges`), each range capturing the capture sizes inside it.
         """
-        if self.warmed_up:
+        if self.warmed_up or self.tier == "eager":
             return self.stats()
+        if self.tiered and self.contract is None:
+            self._warming = True
+            try:
+                return self._start_tiered(make_inputs, trace_size, make_decode_inputs)
+            finally:
+                self._warming = False
         self._warming = True
         try:
             return self._warmup(make_inputs, trace_size, make_decode_inputs)
@@ -329,6 +435,8 @@ class CompiledModel:
         report.update(warmed_up=self.warmed_up, seconds=dict(self._seconds), counters=counters.as_dict(),
                       dynamic_dims=self.contract.report() if self.contract is not None else {},
                       cudagraphs=self.graphs.report() if self.graphs is not None else None)
+        if self.tiered:
+            report.update(tier=self.tier, tier_calls=dict(self._tier_calls), background_compile=self.background_compile)
         if self.ranges:
             report["compile_ranges"] = [r.report() for r in self.ranges]
             report["compile_ranges_uncovered"] = [list(u) for u in self._uncovered]
@@ -349,7 +457,8 @@ def _as_config(config: CompilationConfig | dict | None) -> CompilationConfig:
 
 def compile(model: Callable, config: CompilationConfig | dict | None = None,
             dynamic_arg_dims: dict[str, DimSpec] | None = None, pad_values: dict[str, Any] | None = None,
-            uniform_decode: Callable[[dict], bool] | None = None, record: str | None = None) -> CompiledModel:
+            uniform_decode: Callable[[dict], bool] | None = None, record: str | None = None,
+            tiered: bool = False) -> CompiledModel:
     """Compile `model` for serving: one Dynamo trace, guards replaced by cheap input checks. `config` is a
     `CompilationConfig` or a dict of its fields (`{"compile_sizes": [1, 8]}`).
 
@@ -364,8 +473,23 @@ def compile(model: Callable, config: CompilationConfig | dict | None = None,
     `record=PATH` writes a traffic profile there: how many calls had each size (tokens, the first padded dim),
     uniform decode or not; it is written every 30 s while calls come, when the model is dropped and at exit.
     `cudagraph_traffic_profile=PATH` in a later start's config chooses capture sizes from it.
+    `tiered=True`: a `warmup()` that finds no saved trace returns at once, and the model itself serves while a
+    child process traces, compiles and saves it (the model's code and tensor shapes go there, not its weights);
+    the first call after that loads it from the cache, captures its graphs and serves compiled from then on
+    (`stats()["tier"]`, `["tier_calls"]`). A failed background compile leaves the model itself serving, warned.
     """
-    return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode, record)
+    return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode, record, tiered)
+
+
+def compile_in_background(directory: str) -> None:
+    """The child process of a tiered start (`vgc.background_compile`): trace, compile and save the model's first
+    call to the cache, then report what it did."""
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s: %(message)s")
+    payload = read_payload(directory)
+    compiled = CompiledModel(payload["model"], **payload["options"])
+    compiled(*payload["args"], **payload["kwargs"])
+    write_result(directory, {"trace_source": compiled.trace_source, "seconds": compiled._seconds,
+                             "counters": counters.as_dict()})
 
 
 def _positional(inputs) -> tuple:

@@ -1,0 +1,117 @@
+"""Tiered start: with no saved trace, `warmup()` returns at once and the model itself serves while a child process
+traces and compiles into the cache; the call that finds it done swaps the compiled model in. Real child processes,
+real Inductor; this process makes no Dynamo trace and no Inductor call."""
+
+import logging
+
+import pytest
+import torch
+
+import vgc
+from vgc.capture import model_copy
+from vgc.models import llama
+from conftest import FP32_TOL
+
+
+def test_a_cold_tiered_start_serves_at_once_then_swaps_in_the_compiled_model(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():   # large weights: a wrong position or mask would show in the outputs
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    kv = llama.make_kv_caches(cfg)
+    make = lambda n: llama.make_batch(cfg, n, "prefill", kv_caches=kv)   # noqa: E731
+
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0):
+        compiled = vgc.compile(model, config={"compile_sizes": [4]}, pad_values=llama.PAD_VALUES,
+                               uniform_decode=llama.is_uniform_decode, tiered=True)
+        report = compiled.warmup(make)
+        assert report["tier"] == "eager" and not report["warmed_up"]
+        with torch.no_grad():
+            for n in (3, 8):   # the model itself: eager's outputs exactly
+                assert torch.equal(compiled(**make(n)), model(**make(n)))
+    assert compiled.wait_for_compile(timeout=600), "the background compile did not end"
+
+    with caplog.at_level(logging.INFO, logger="vgc"), \
+            vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, traces_loaded=1):
+        with torch.no_grad():
+            out, eager = compiled(**make(5)), model(**make(5))
+    torch.testing.assert_close(out, eager, **FP32_TOL)
+    assert "swapped in the compiled model after 2 calls" in caplog.text
+    stats = compiled.stats()
+    assert stats["tier"] == "compiled" and stats["tier_calls"] == {"eager": 2, "compiled": 1}
+    assert stats["warmed_up"] and compiled.trace_source == "saved"
+    assert stats["seconds"]["background_compile"] > 0 and stats["seconds"]["swap"] > 0
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
+        for n in (4, 7):
+            torch.testing.assert_close(compiled(**make(n)), model(**make(n)), **FP32_TOL)
+
+    # The next tiered start finds the cache: it loads at warm-up, as any warm start, with no background process.
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, traces_loaded=1):
+        again = vgc.compile(model, config={"compile_sizes": [4]}, pad_values=llama.PAD_VALUES,
+                            uniform_decode=llama.is_uniform_decode, tiered=True)
+        assert again.warmup(make)["tier"] == "compiled"
+    with torch.no_grad():
+        torch.testing.assert_close(again(**make(6)), model(**make(6)), **FP32_TOL)
+
+
+class DataDependent(torch.nn.Module):
+    """Runs eagerly, but its branch on a value breaks Dynamo's full graph: the background compile fails."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:
+            return y * 2
+        return y - 1
+
+
+def test_a_failed_background_compile_leaves_the_model_serving(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    model = DataDependent()
+    compiled = vgc.compile(model, tiered=True)
+    assert compiled.warmup(lambda n: torch.randn(n, 8))["tier"] == "eager"
+    assert compiled.wait_for_compile(timeout=600)
+    x = torch.randn(5, 8)
+    with caplog.at_level(logging.WARNING, logger="vgc"), vgc.counters.expect(dynamo_traces=0, inductor_compiles=0):
+        for _ in range(3):
+            assert torch.equal(compiled(x), model(x))
+    assert caplog.text.count("the background compile failed (exit status") == 1, caplog.text
+    assert compiled.stats()["tier"] == "eager" and compiled.stats()["tier_calls"]["eager"] == 3
+
+
+class Local(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+def test_what_cannot_reach_another_process_is_refused_by_name():
+    Local.__module__ = "__main__"
+    try:
+        with pytest.raises(model_copy.ModelCopyError, match="Local is defined in __main__"):
+            model_copy.dumps(Local())
+    finally:
+        Local.__module__ = __name__
+    holder = torch.nn.Linear(2, 2)
+    holder.act = lambda x: x
+    with pytest.raises(model_copy.ModelCopyError, match="cannot be written for another process"):
+        model_copy.dumps(holder)
+    with pytest.raises(ValueError, match="compile_ranges_max_size"):
+        vgc.compile(holder, config={"compile_ranges_max_size": 32}, tiered=True)
+
+
+def test_a_copy_keeps_shapes_strides_and_small_values_not_weights():
+    model = torch.nn.Linear(300, 300)
+    ids = torch.tensor([3, 1, 4, 1, 5])
+    wide = torch.randn(600, 300).t()   # not contiguous
+    copy = model_copy.loads(model_copy.dumps({"model": model, "ids": ids, "wide": wide}))
+    assert isinstance(copy["model"].weight, torch.nn.Parameter) and copy["model"].weight.requires_grad
+    assert copy["model"].weight.shape == model.weight.shape and not copy["model"].weight.any()   # zeros
+    assert torch.equal(copy["model"].bias, model.bias)                                          # small: values
+    assert torch.equal(copy["ids"], ids)
+    assert copy["wide"].shape == wide.shape and copy["wide"].stride() == wide.stride()
