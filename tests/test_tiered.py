@@ -115,3 +115,26 @@ def test_a_copy_keeps_shapes_strides_and_small_values_not_weights():
     assert torch.equal(copy["model"].bias, model.bias)                                          # small: values
     assert torch.equal(copy["ids"], ids)
     assert copy["wide"].shape == wide.shape and copy["wide"].stride() == wide.stride()
+
+
+@pytest.mark.gpu
+def test_a_tiered_start_on_cuda_swaps_in_captured_graphs(tmp_path, monkeypatch):
+    """On CUDA the swap loads and captures FULL_AND_PIECEWISE graphs; calls before it are the model's own."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg).cuda()
+    kv = llama.make_kv_caches(cfg, device="cuda")
+    prefill = lambda n: llama.make_batch(cfg, n, "prefill", device="cuda", kv_caches=kv)   # noqa: E731
+    decode = lambda n: llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv)     # noqa: E731
+    compiled = vgc.compile(model, config={"cudagraph_mode": "full_and_piecewise",
+                                          "cudagraph_capture_sizes": [1, 2, 4, 8]},
+                           pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode, tiered=True)
+    assert compiled.warmup(prefill, make_decode_inputs=decode)["tier"] == "eager"
+    with torch.no_grad():
+        assert torch.equal(compiled(**decode(3)), model(**decode(3)))
+    assert compiled.wait_for_compile(timeout=600)
+    with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
+        torch.testing.assert_close(compiled(**decode(3)), model(**decode(3)), **FP32_TOL)
+        torch.testing.assert_close(compiled(**prefill(7)), model(**prefill(7)), **FP32_TOL)
+    stats = compiled.stats()
+    assert stats["tier"] == "compiled" and stats["cudagraphs"] is not None

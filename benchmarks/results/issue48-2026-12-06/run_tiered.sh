@@ -1,0 +1,11 @@
+# Tiered start against the plain cold start, llama_1b, cudagraph none, each bench with its own empty caches;
+# bytecode cached for every process after the first (PYTHONPYCACHEPREFIX). Then the gpu-marked tests of the tree.
+set -u
+export PYTHONPATH=. PYTHONPYCACHEPREFIX=$(mktemp -d)
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/card.txt
+python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a $OUT/card.txt
+python -m vgc.shells.cli bench startup --warm-runs 1 --no-bundle 2>&1 | tail -6 | tee $OUT/plain1.txt
+python -m vgc.shells.cli bench startup --strategy tiered --warm-runs 1 --no-bundle 2>&1 | tail -6 | tee $OUT/tiered1.txt
+python -m vgc.shells.cli bench startup --warm-runs 0 --no-bundle 2>&1 | tail -4 | tee $OUT/plain2.txt
+python -m vgc.shells.cli bench startup --strategy tiered --warm-runs 0 --no-bundle 2>&1 | tail -5 | tee $OUT/tiered2.txt
+timeout 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_trace_once.py tests/cache tests/capture tests/test_tiered.py 2>&1 | tail -5 | tee $OUT/gpu_tests.txt
