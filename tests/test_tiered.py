@@ -133,8 +133,9 @@ def test_a_tiered_start_on_cuda_swaps_in_captured_graphs(tmp_path, monkeypatch):
     with torch.no_grad():
         assert torch.equal(compiled(**decode(3)), model(**decode(3)))
     assert compiled.wait_for_compile(timeout=600)
+    cuda_fp32 = dict(atol=1e-4, rtol=1e-4)   # Inductor's CUDA kernels sum in another order (test_gpu.py's)
     with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
-        torch.testing.assert_close(compiled(**decode(3)), model(**decode(3)), **FP32_TOL)
-        torch.testing.assert_close(compiled(**prefill(7)), model(**prefill(7)), **FP32_TOL)
+        torch.testing.assert_close(compiled(**decode(3)), model(**decode(3)), **cuda_fp32)
+        torch.testing.assert_close(compiled(**prefill(7)), model(**prefill(7)), **cuda_fp32)
     stats = compiled.stats()
     assert stats["tier"] == "compiled" and stats["cudagraphs"] is not None

@@ -1,7 +1,7 @@
 # A/B of warm starts, llama_1b, cudagraph none: base = vgc at 350339c (before this session; made with
 # `mkdir base && git archive 350339c vgc | tar -x -C base` in this folder, removed after the run), new = the tree.
-# Each variant has its own empty caches; bytecode is cached for every process (PYTHONPYCACHEPREFIX), as for an
-# installed torch. Order: cold base, cold new, then warm base / warm new interleaved four times.
+# Each variant has its own empty caches. PYTHONPYCACHEPREFIX was meant to cache bytecode for every process, as for
+# an installed torch: no effect, the image sets PYTHONDONTWRITEBYTECODE (every process compiled torch). Order: cold base, cold new, then warm base / warm new interleaved four times.
 set -u
 R=benchmarks/results/issue48-2026-12-06; W=$(mktemp -d)
 export PYTHONPYCACHEPREFIX=$W/pyc
