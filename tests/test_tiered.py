@@ -57,6 +57,52 @@ def test_a_cold_tiered_start_serves_at_once_then_swaps_in_the_compiled_model(tmp
         torch.testing.assert_close(again(**make(6)), model(**make(6)), **FP32_TOL)
 
 
+def sequence_step(cfg, kv, ids: list[int], start: int) -> dict:
+    """One sequence's next tokens at positions start.., its blocks 0, 1, 2, ... (slot = position)."""
+    positions = torch.arange(start, start + len(ids))
+    return {"input_ids": torch.tensor(ids), "positions": positions, "kv_caches": kv,
+            "slot_mapping": positions.clone(), "block_table": torch.arange(cfg.max_blocks_per_seq,
+                                                                           dtype=torch.int32)[None],
+            "seq_lens": torch.tensor([start + len(ids)], dtype=torch.int32),
+            "query_start_loc": torch.tensor([0, len(ids)], dtype=torch.int32)}
+
+
+def greedy(model, run, cfg, kv, prompt: list[int], steps: int, between=None) -> list[int]:
+    """Greedy tokens of one sequence (the tied embedding as its head); `between(i)` runs before decode step i."""
+    with torch.no_grad():
+        hidden = run(**sequence_step(cfg, kv, prompt, 0))
+        tokens = []
+        for i in range(steps):
+            tokens.append(int((hidden[-1] @ model.embed_tokens.weight.T).argmax()))
+            if between is not None:
+                between(i)
+            hidden = run(**sequence_step(cfg, kv, tokens[-1:], len(prompt) + i))
+    return tokens
+
+
+def test_the_swap_mid_sequence_keeps_the_kv_cache_and_the_tokens_eagers(tmp_path, monkeypatch):
+    """The swap runs warm-up's calls again between two decode steps, and `make_inputs` here refills the very KV
+    cache the live sequence uses (llama.make_batch zeroes the caches it is given): the cache is kept and
+    restored, so the tokens after the swap are eager's (fp32, large weights)."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    prompt = [5, 17, 42, 8, 99, 3, 250, 64]
+    expected = greedy(model, model, cfg, llama.make_kv_caches(cfg), prompt, 12)
+
+    kv = llama.make_kv_caches(cfg)
+    compiled = vgc.compile(model, pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode, tiered=True)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", kv_caches=kv))
+    tokens = greedy(model, compiled, cfg, kv, prompt, 12,
+                    between=lambda i: i == 5 and compiled.wait_for_compile(timeout=600))
+    assert compiled.stats()["tier_calls"] == {"eager": 6, "compiled": 7}
+    assert tokens == expected
+
+
 class DataDependent(torch.nn.Module):
     """Runs eagerly, but its branch on a value breaks Dynamo's full graph: the background compile fails."""
 

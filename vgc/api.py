@@ -37,6 +37,26 @@ class _NotSaved(LookupError):
     """A start that may only load (a tiered one) found no saved trace it can use."""
 
 
+class _KeptState:
+    """The tensors of the call that finds the background compile done (its KV caches, whatever it hands the model),
+    as they were before the swap: warm-up's calls run again at the swap, between two requests, and write where
+    their inputs say (a cache `make_inputs` refills, the slots its batch names), which is live state by then.
+    `restore()` writes the copies back in place, so graphs captured on those tensors keep their addresses."""
+
+    def __init__(self, args: tuple, kwargs: dict):
+        self.copies = {}
+        for value in (*args, *kwargs.values()):
+            for _, tensor in argument_tensors(value):
+                storage = tensor.untyped_storage()
+                self.copies.setdefault((storage.data_ptr(), storage.device), (storage, storage.clone()))
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for storage, copy in self.copies.values():
+                storage.copy_(copy)
+        self.copies.clear()
+
+
 class CompiledModel:
     """What `vgc.compile` returns: call it like the model; `warmup()` first to compile everything up front."""
 
@@ -119,14 +139,14 @@ class CompiledModel:
         and artifacts are in the cache; then the call that finds them swaps them in and is the first served
         compiled."""
         if self._background is not None and self._background.done():
-            self._swap()
+            self._swap(args, kwargs)
         if self.tier == "eager":
             self._tier_calls["eager"] += 1
             with torch.no_grad():
                 return self.model(*args, **kwargs)
         return self(*args, **kwargs)
 
-    def _swap(self) -> None:
+    def _swap(self, args: tuple, kwargs: dict) -> None:
         background, self._background = self._background, None
         self._seconds["background_compile"] = background.seconds
         self.background_compile = "failed"
@@ -137,7 +157,9 @@ class CompiledModel:
             return
         start = time.perf_counter()
         self.tier, self._load_only, self._warming = None, True, True
+        kept = None
         try:
+            kept = _KeptState(args, kwargs)   # a copy of the live state: memory for it can run out too
             self._warmup(*self._pending_warmup)
         except Exception as e:   # the cache could not serve it after all: this process never compiles
             self.contract = self.graphs = self._run = None
@@ -152,6 +174,8 @@ class CompiledModel:
                         "(background compile %.1f s, load %.2f s)", self._tier_calls["eager"], background.seconds,
                         self._seconds["swap"])
         finally:
+            if kept is not None:
+                kept.restore()
             self._load_only = self._warming = False
             background.cleanup()
 
