@@ -2,7 +2,7 @@
 # PYTHONPYCACHEPREFIX was meant to cache bytecode after the first process: no effect, the image sets
 # PYTHONDONTWRITEBYTECODE (the bench says so). Then the gpu-marked tests of the tree.
 set -u
-cd benchmarks/results/issue48-2026-12-06/tree   # a copy of vgc/, tests/ and pyproject.toml at commit 29097ac, removed after the run
+cd benchmarks/results/issue48-2026-12-06/tree   # a copy of vgc/, tests/ and pyproject.toml as at commit 29097ac (gpu test at 2e-5), removed after
 export PYTHONPATH=. PYTHONPYCACHEPREFIX=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/card.txt
 python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a $OUT/card.txt
