@@ -131,6 +131,22 @@ def test_a_failed_background_compile_leaves_the_model_serving(tmp_path, monkeypa
     assert compiled.stats()["tier"] == "eager" and compiled.stats()["tier_calls"]["eager"] == 3
 
 
+def test_a_killed_background_compile_leaves_the_model_serving(tmp_path, monkeypatch, caplog):
+    """The child killed mid-compile (an OOM killer, an operator): one warning naming its exit, eager's outputs."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg)
+    compiled = vgc.compile(model, pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode, tiered=True)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+    compiled._background.process.kill()
+    assert compiled.wait_for_compile(timeout=60)
+    with caplog.at_level(logging.WARNING, logger="vgc"), vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), \
+            torch.no_grad():
+        assert torch.equal(compiled(**llama.make_batch(cfg, 5)), model(**llama.make_batch(cfg, 5)))
+    assert "the background compile failed (exit status -9" in caplog.text
+    assert compiled.background_compile == "failed" and compiled.tier == "eager"
+
+
 class Local(torch.nn.Module):
     def forward(self, x):
         return x + 1
