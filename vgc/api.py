@@ -22,6 +22,7 @@ from vgc.background_compile import BackgroundCompile, read_payload, write_result
 from vgc.capture import compile_ranges
 from vgc.capture.contract import (argument_specs, check_dynamic_arg_dims, DimSpec, dynamic_dims, InputContract,
                                   mark_dynamic_dims, padded_dims)
+from vgc.capture.model_copy import ModelCopyError
 from vgc.capture.paths import argument_tensors, InputMismatchError
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
@@ -203,7 +204,14 @@ class CompiledModel:
         args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (_positional(inputs), {})
         options = {"config": self.config, "dynamic_arg_dims": self.dynamic_arg_dims, "pad_values": self.pad_values,
                    "uniform_decode": self.uniform_decode}
-        self._background = BackgroundCompile("vgc.api:compile_in_background", self.model, args, kwargs, options)
+        try:
+            self._background = BackgroundCompile("vgc.api:compile_in_background", self.model, args, kwargs,
+                                                 options)
+        except ModelCopyError as e:   # nothing lost: this process compiles, as a start that is not tiered
+            logger.warning("tiered start: the model cannot be compiled in another process (%s); compiling here", e)
+            self._warmup(make_inputs, trace_size, make_decode_inputs)
+            self.tier = "compiled"
+            return self.stats()
         weakref.finalize(self, self._background.cleanup)   # a server that exits stops its compile
         self.tier, self.background_compile = "eager", "running"
         return self.stats()

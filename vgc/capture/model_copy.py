@@ -17,6 +17,9 @@ import torch
 
 # Tensors up to this many elements travel with their values (the call's metadata); larger ones as zeros.
 SMALL_TENSOR = 1 << 16
+# A module's instance attribute naming its other instance attributes that belong to this process (a wrapper
+# installed on it, an engine holding its caches): a copy leaves them out, and its class's methods serve there.
+PROCESS_LOCAL = "_vgc_process_local"
 
 
 class ModelCopyError(ValueError):
@@ -29,6 +32,12 @@ def _zeros(shape, stride, dtype, device, requires_grad, parameter):
     return torch.nn.Parameter(tensor, requires_grad=requires_grad) if parameter else tensor
 
 
+def _module(cls: type, state: dict):
+    module = cls.__new__(cls)
+    module.__setstate__(state)
+    return module
+
+
 def _valued(data: bytes, parameter: bool, requires_grad: bool):
     tensor = torch.load(io.BytesIO(data), weights_only=True)
     return torch.nn.Parameter(tensor, requires_grad=requires_grad) if parameter else tensor
@@ -36,6 +45,9 @@ def _valued(data: bytes, parameter: bool, requires_grad: bool):
 
 class _Writer(pickle.Pickler):
     def reducer_override(self, obj):
+        if isinstance(obj, torch.nn.Module) and PROCESS_LOCAL in obj.__dict__:
+            local = {PROCESS_LOCAL, *obj.__dict__[PROCESS_LOCAL]}
+            return _module, (type(obj), {k: v for k, v in obj.__dict__.items() if k not in local})
         if not isinstance(obj, torch.Tensor):
             if isinstance(obj, type) and obj.__module__ == "__main__":
                 raise ModelCopyError(f"class {obj.__qualname__} is defined in __main__, which another process "

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from vgc.capture.model_copy import PROCESS_LOCAL
 from vgc.capture.paths import describe, resolve_source
 
 
@@ -47,8 +48,9 @@ def model_structure(model: Any) -> tuple[tuple[str, str], ...]:
     found = []
     for path, module in model.named_modules():
         found.append((path or ".", _callable_name(type(module))))
+        local = vars(module).get(PROCESS_LOCAL, ())   # this process's wrappers, which the trace does not read
         for name, value in sorted(vars(module).items()):
-            if callable(value) and not isinstance(value, (torch.nn.Module, torch.Tensor)):
+            if callable(value) and not isinstance(value, (torch.nn.Module, torch.Tensor)) and name not in local:
                 found.append((f"{path}.{name}", _callable_name(value)))
     return tuple(found)
 

@@ -38,6 +38,7 @@ import torch
 from vgc import _compat
 from vgc.api import compile as vgc_compile
 from vgc.api import CompiledModel
+from vgc.capture import model_copy
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.padding import pad_many, padded_size
@@ -69,7 +70,7 @@ class GenerationEngine:
     the translation of transformers' calls into flat batches. `compile()` builds it as `model.vgc`."""
 
     def __init__(self, model: torch.nn.Module, *, max_batch_size: int, max_cache_len: int, block_size: int,
-                 config: CompilationConfig | dict | None):
+                 config: CompilationConfig | dict | None, tiered: bool = False):
         for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len),
                             ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -99,7 +100,8 @@ class GenerationEngine:
                           for kv_heads, head_dim in probe.layer_shapes(PATH, model)]
         self.compiled: CompiledModel = vgc_compile(
             flat, config=_config(config, device, max_batch_size),
-            dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=flat_batch.is_uniform_decode)
+            dynamic_arg_dims=dict(_DYNAMIC), pad_values=PAD_VALUES, uniform_decode=flat_batch.is_uniform_decode,
+            tiered=tiered)
         self._active: weakref.ref | None = None
         self.undo = None   # set by compile(): restores the model when warm-up finds it cannot be served
         self._steps: dict[int, _DecodeStep] = {}   # batch size -> its decode graph's in-place inputs
@@ -112,8 +114,9 @@ class GenerationEngine:
     # ---- warm-up ----
     def warmup(self) -> dict[str, Any]:
         """Trace once, compile every piece and capture every CUDA graph, before the first request. generate()
-        calls it when it has not run."""
-        if not self.compiled.warmed_up:
+        calls it when it has not run. A tiered start returns at once when nothing is cached: the model itself
+        serves until the compiled flat forward is swapped in (`vgc.compile(..., tiered=True)`)."""
+        if not self.compiled.warmed_up and self.compiled.tier != "eager":
             trace_size = max(16, *self.compiled.config.compile_sizes) if self.compiled.config.compile_sizes else 16
             try:
                 self.compiled.warmup(self._prefill_example, trace_size=trace_size,
@@ -169,7 +172,7 @@ class GenerationEngine:
                 raise RuntimeError("this VgcCache's sequences were overwritten: another generate() ran on the model "
                                    "since (vgc's paged cache serves one batch at a time)")
             self._active = weakref.ref(cache)
-        if not self.compiled.warmed_up:
+        if not self.compiled.warmed_up and self.compiled.tier != "eager":
             self.warmup()
         batch, columns = input_ids.shape
         if cache.lens is None:
@@ -299,7 +302,7 @@ class _DecodeStep:
 
 def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: int | None = None,
             block_size: int = 16, config: CompilationConfig | dict | None = None,
-            device_loop: bool = True) -> torch.nn.Module:
+            device_loop: bool = True, tiered: bool = False) -> torch.nn.Module:
     """Prepare a transformers causal LM for fast `generate()` and return it (changed in place; `model.vgc` is
     its `GenerationEngine`).
 
@@ -311,6 +314,10 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     `device_loop`: generate()'s greedy and sampling loop runs on the device (`vgc.integrations.decode_loop`): per
     token the decode step's FULL graph and a sampler graph replay, and the host reads whether every row is done
     only every few tokens. Calls it does not reproduce run transformers' loop (`stats()["decode_loop"]`).
+
+    `tiered`: the first generate() of a process whose cache holds no compiled model starts at once, on the model
+    itself over vgc's cache, while a child process compiles; a later step swaps the compiled model in (its
+    KV cache kept), and its decode graphs serve from then on (`model.vgc.stats()["tier"]`).
 
     generate() calls that bring their own cache of another kind (`past_key_values=DynamicCache()`), and forward
     calls without a cache, run the model eagerly with its original attention.
@@ -334,6 +341,7 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
             else:
                 model.__dict__.pop(name, None)
         model.__dict__.pop("vgc", None)
+        model.__dict__.pop(model_copy.PROCESS_LOCAL, None)
         set_attention(model, original_attention)
         if undo_alibi is not None:
             undo_alibi()
@@ -342,7 +350,7 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
     set_attention(model, serving)
     try:
         engine = GenerationEngine(model, max_batch_size=max_batch_size, max_cache_len=max_cache_len,
-                                  block_size=block_size, config=config)
+                                  block_size=block_size, config=config, tiered=tiered)
     except Exception:
         undo()
         raise
@@ -376,6 +384,8 @@ def compile(model: torch.nn.Module, *, max_batch_size: int = 8, max_cache_len: i
 
     engine.undo = undo
     model.forward, model.generate, model.vgc = vgc_forward, vgc_generate, engine
+    # this process's: a background compile's copy of the model runs its class's forward, with no engine
+    model.__dict__[model_copy.PROCESS_LOCAL] = ("forward", "generate", "vgc")
     return model
 
 

@@ -1,0 +1,101 @@
+"""Start-up of `vgc.integrations.transformers`: a warm process loads the saved trace of the flat forward (no Dynamo
+trace, no Inductor call), and with `tiered=True` the first generate() of a cold process runs on the model itself
+over vgc's paged cache while a child process compiles; a step after it ends swaps the compiled flat forward in,
+mid-generate, with the KV cache kept. Tokens equal eager's throughout (fp32, large weights)."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import vgc
+
+transformers = pytest.importorskip("transformers")
+from vgc.integrations import transformers as vgc_transformers  # noqa: E402
+
+PROMPTS = torch.tensor([[5, 17, 42, 8, 99, 3], [0, 0, 7, 8, 9, 10]])
+MASK = (torch.arange(6)[None] >= torch.tensor([[0], [2]])).long()
+
+
+def _build():
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")).eval()
+    with torch.no_grad():   # large weights: a wrong position, mask or cache entry changes the tokens
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+class SwapAfter(transformers.LogitsProcessor):
+    """Waits for the background compile at step `step` (a processor of the caller's: transformers' own loop)."""
+
+    def __init__(self, model, step: int):
+        self.model, self.step, self.calls = model, step, 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        if self.calls == self.step:
+            assert self.model.vgc.compiled.wait_for_compile(timeout=600)
+        return scores
+
+
+def _generate(model, **kwargs):
+    with torch.no_grad():
+        return model.generate(PROMPTS, attention_mask=MASK, max_new_tokens=12, do_sample=False, **kwargs).tolist()
+
+
+def test_a_tiered_generate_swaps_mid_sequence_and_keeps_eagers_tokens(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    eager = _build()
+    want = _generate(eager)
+    model = vgc_transformers.compile(_build(), max_batch_size=2, max_cache_len=64, tiered=True)
+    with caplog.at_level(logging.INFO, logger="vgc"), vgc.counters.delta() as calls:
+        first = _generate(model, logits_processor=transformers.LogitsProcessorList([SwapAfter(model, 4)]))
+        second = _generate(model)
+    assert first == want and second == want
+    assert calls["dynamo_traces"] == 0 and calls["inductor_compiles"] == 0, calls   # the child compiled
+    assert calls["traces_loaded"] == 1, calls
+    stats = model.vgc.stats()
+    assert stats["tier"] == "compiled"
+    # prefill and three decode steps on the model itself, the swap at the fourth, every later call compiled
+    assert stats["tier_calls"]["eager"] == 4 and stats["tier_calls"]["compiled"] == 8 + 12, stats["tier_calls"]
+    assert "swapped in the compiled model after 4 calls" in caplog.text
+
+
+WARM = textwrap.dedent("""
+    import json, torch, transformers, vgc
+    from vgc.integrations import transformers as vt
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")).eval()
+    model.generation_config.pad_token_id = 0
+    vt.compile(model, max_batch_size=2, max_cache_len=64)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([[5, 17, 42, 8]]), max_new_tokens=6, do_sample=False)
+    print(json.dumps({"source": model.vgc.compiled.trace_source, "tokens": out.tolist(),
+                      "traces": vgc.counters.dynamo_traces, "compiles": vgc.counters.inductor_compiles}))
+""")
+
+
+def test_a_warm_process_loads_the_flat_forwards_saved_trace(tmp_path):
+    """The guard state Dynamo saves with the flat forward must hold the model it guards (a copy of it, made for
+    pickling, left it out and every warm process traced again): cold, then warm with no trace and no compile."""
+    env = {**os.environ, "VGC_CACHE_ROOT": str(tmp_path / "root")}
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", WARM], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["source"] == "traced" and warm["source"] == "saved", runs
+    assert warm["traces"] == 0 and warm["compiles"] == 0 and warm["tokens"] == cold["tokens"], runs
