@@ -147,6 +147,28 @@ def test_a_killed_background_compile_leaves_the_model_serving(tmp_path, monkeypa
     assert compiled.background_compile == "failed" and compiled.tier == "eager"
 
 
+class WithLambda(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.act = lambda x: x * 2   # pickle cannot name it: no child process can have this model
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def test_a_model_no_child_can_have_compiles_here_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    model = WithLambda()
+    compiled = vgc.compile(model, config={"piece_backend": "eager"}, tiered=True)
+    with caplog.at_level(logging.WARNING, logger="vgc"):
+        report = compiled.warmup(lambda n: torch.randn(n, 8))
+    assert "cannot be compiled in another process" in caplog.text and "compiling here" in caplog.text
+    assert report["tier"] == "compiled" and report["warmed_up"] and compiled.background_compile is None
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
+
+
 class Local(torch.nn.Module):
     def forward(self, x):
         return x + 1
