@@ -16,6 +16,7 @@ import torch.fx as fx
 
 import vgc
 from vgc import _compat, aliasing
+from vgc._compat import graphs as compat_graphs, shapes as compat_shapes
 from vgc.aliasing import mutated_inputs
 from vgc.piecewise.split import op_names, split_graph
 
@@ -47,7 +48,7 @@ def test_split_module_gives_one_output_pieces_tuple_outputs_where_torch_can():
     split = _compat.split_module(gm, partition)
     x = torch.randn(3)
     torch.testing.assert_close(split(x), (x + 1).relu() * 2)
-    accepts_tuple_return = _compat._accepts(split_module, "tuple_return")
+    accepts_tuple_return = compat_graphs._accepts(split_module, "tuple_return")
     assert _compat.graph_returns_tuple(split.submod_0) is accepts_tuple_return
     # Without `tuple_return` (older torch) a one-output piece returns its value bare: unwrap_single serves both.
     gm, partition = pieces()
@@ -143,9 +144,9 @@ def test_symbols_sources_and_shape_guards():
 
 def test_shape_guard_origin_drops_torch_frame_only_where_there_is_one():
     user_line = "# model.py:7 in forward"
-    assert _compat._TORCH_FRAME.sub("", f"{user_line} (_dynamo/variables/tensor.py:2606 in evaluate_expr)") == \
+    assert compat_shapes._TORCH_FRAME.sub("", f"{user_line} (_dynamo/variables/tensor.py:2606 in evaluate_expr)") == \
         user_line
-    assert _compat._TORCH_FRAME.sub("", user_line) == user_line
+    assert compat_shapes._TORCH_FRAME.sub("", user_line) == user_line
 
 
 def test_a_guard_names_the_users_file_in_full(tmp_path, monkeypatch, no_cache):
@@ -165,9 +166,9 @@ def test_a_guard_names_the_users_file_in_full(tmp_path, monkeypatch, no_cache):
         compiled(torch.ones(2))
     # what torch wrote for it, repaired; a name no loaded file ends with is left as torch gave it
     cut = str(source)[2:] if str(source).startswith("/") else str(source)
-    assert _compat._user_line(f"if x:  # {cut}:5 in forward (_dynamo/x.py:1 in f)") == \
+    assert compat_shapes._user_line(f"if x:  # {cut}:5 in forward (_dynamo/x.py:1 in f)") == \
         f"if x:  # {source}:5 in forward"
-    assert _compat._user_line("# nowhere/model.py:3 in forward") == "# nowhere/model.py:3 in forward"
+    assert compat_shapes._user_line("# nowhere/model.py:3 in forward") == "# nowhere/model.py:3 in forward"
 
 
 def test_without_a_fake_mode_there_are_no_symbols_or_guards():
@@ -323,10 +324,10 @@ _PRIVATE_TORCH = re.compile(r"\btorch(?:\.\w+)*\.(_(?!_)\w*)|from torch[\w.]* im
 
 
 def test_private_torch_apis_are_used_only_in_compat():
-    """The rule of vgc/_compat.py: every private torch API vgc uses lives there (strings and comments aside)."""
+    """The rule of vgc/_compat/: every private torch API vgc uses lives there (strings and comments aside)."""
     offenders = []
     for path in sorted(Path(vgc.__file__).parent.rglob("*.py")):
-        if path.name == "_compat.py":
+        if path.parent.name == "_compat":
             continue
         with open(path, "rb") as f:
             code = [tok for tok in tokenize.tokenize(f.readline)
