@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warm-runs", type=int, default=2, help="warm starts after the cold one, 0 for the cold "
                         "start only (default: %(default)s)")
     parser.add_argument("--no-bundle", action="store_true", help="skip the bundle row (pack, unpack, start)")
+    parser.add_argument("--generate", type=float, metavar="SECONDS",
+                        help="instead: the first SECONDS of a transformers causal LM's generate() loop in fresh "
+                             "processes, transformers' compiled path against vgc's integration, plain and tiered "
+                             "(`vgc bench generate`'s shapes; default: off)")
     parser.add_argument("--json", help="also write the results to this file (default: none)")
     return parser
 
@@ -160,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--warm-runs must be 0 or more, got {args.warm_runs}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model_name = args.model or ("llama_1b" if device == "cuda" else "tiny")
+    if args.generate is not None:
+        return _first_seconds(args, model_name, device)
     root = tempfile.mkdtemp(prefix="vgc-bench-startup-")
     if args.strategy == "breakable" and (device != "cuda" or args.cudagraph_mode == "none"):
         raise SystemExit("--strategy breakable captures CUDA graphs: it needs --device cuda and --cudagraph-mode "
@@ -204,6 +210,27 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"model": model_name, "device": device, "torch": torch.__version__,
                        "cudagraph_mode": args.cudagraph_mode, "strategy": args.strategy, "cold": cold, "warm": warms,
                        "bundle": deployment}, f, indent=1)
+    return 0
+
+
+def _first_seconds(args, model_name: str, device: str) -> int:
+    from vgc.shells.bench import first_minute
+
+    if args.generate <= 0:
+        raise SystemExit(f"--generate must be a positive number of seconds, got {args.generate:g}")
+    env = {}
+    for row in first_minute.ROWS:   # every row starts with every cache empty
+        dirs = cache_dirs(tempfile.mkdtemp(prefix="vgc-bench-first-seconds-"))
+        env[row] = {k: v for k, v in {**os.environ, **dirs}.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    print(f"vgc bench startup --generate {args.generate:g}: {model_name} on {device}, batch 1, "
+          f"{first_minute.PROMPT}-token prompt, {first_minute.NEW_TOKENS} new tokens per generate(); each row a fresh "
+          "process with empty caches")
+    results = first_minute.run(model_name, device, args.generate, env)
+    first_minute.report(results, args.generate)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": model_name, "device": device, "seconds": args.generate, "rows": results}, f,
+                      indent=1)
     return 0
 
 
