@@ -1,4 +1,6 @@
-"""Signatures, FX graphs and operators: which keyword a torch function takes in the installed version, splitting, Dynamo's node metadata and sources, generated code, schemas, tags, custom ops' Python bodies, torch's attention kernels.
+"""Signatures, FX graphs and operators: which keyword a torch function takes in the installed version, splitting,
+Dynamo's node metadata and sources, generated code, schemas, tags, custom ops' Python bodies, torch's attention
+kernels.
 
 Part of `vgc._compat`: every private torch API vgc uses (see its docstring)."""
 

@@ -1,4 +1,5 @@
-"""Inductor: standalone compile, artifacts, configuration, custom passes, its in-memory caches, the hash of torch's sources.
+"""Inductor: standalone compile, artifacts, configuration, custom passes, its in-memory caches, the hash of torch's
+sources.
 
 Part of `vgc._compat`: every private torch API vgc uses (see its docstring)."""
 

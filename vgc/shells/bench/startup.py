@@ -141,9 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategy", choices=STRATEGIES, default="inductor",
                         help="vgc.compile with Inductor pieces (inductor) or eager pieces (eager-pieces: "
                              "piece_backend='eager'), or breakable graphs (breakable: vgc.cudagraph.breakable, no "
-                             "Dynamo, no Inductor, nothing cached; needs CUDA and a cudagraph mode), or a tiered start (tiered: "
-                             "vgc.compile(..., tiered=True): the model itself serves while a child process compiles, "
-                             "then the compiled model is swapped in) (default: %(default)s)")
+                             "Dynamo, no Inductor, nothing cached; needs CUDA and a cudagraph mode), or a tiered "
+                             "start (tiered: vgc.compile(..., tiered=True): the model itself serves while a child "
+                             "process compiles, then the compiled model is swapped in) (default: %(default)s)")
     parser.add_argument("--warm-runs", type=int, default=2, help="warm starts after the cold one, 0 for the cold "
                         "start only (default: %(default)s)")
     parser.add_argument("--no-bundle", action="store_true", help="skip the bundle row (pack, unpack, start)")
