@@ -4,7 +4,7 @@ with their values, since a traced program runs its first call and the model may 
 
 What a compile needs of a model is its code, its module tree, its plain attributes and its tensors' metadata, not
 the weights' values: vgc's pieces take the weights as inputs. So a background compile of a 1B-parameter model
-writes a file of a few kilobytes instead of its 2.4 GB, and holds its own zeros on the device while it compiles.
+writes about 20-40 kB instead of its 2.4 GB, and holds its own zeros on the device while it compiles.
 """
 
 from __future__ import annotations
