@@ -509,6 +509,8 @@ def compile(model: Callable, config: CompilationConfig | dict | None = None,
     child process traces, compiles and saves it (the model's code and tensor shapes go there, not its weights);
     the first call after that loads it from the cache, captures its graphs and serves compiled from then on
     (`stats()["tier"]`, `["tier_calls"]`). A failed background compile leaves the model itself serving, warned.
+    The tiers start at `warmup()`, whose `make_inputs` the swap runs again; a first call made before any
+    `warmup()` traces and compiles in this process, as without `tiered`.
     """
     return CompiledModel(model, config, dynamic_arg_dims, pad_values, uniform_decode, record, tiered)
 
