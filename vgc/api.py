@@ -200,8 +200,7 @@ class CompiledModel:
             return self.stats()
         finally:
             self._load_only = False
-        inputs = make_inputs(trace_size if trace_size is not None else max([16, *self.config.compile_sizes]))
-        args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (_positional(inputs), {})
+        args, kwargs = _as_call(make_inputs(self._trace_size(trace_size)))
         options = {"config": self.config, "dynamic_arg_dims": self.dynamic_arg_dims, "pad_values": self.pad_values,
                    "uniform_decode": self.uniform_decode}
         try:
@@ -372,7 +371,7 @@ class CompiledModel:
     def _warmup(self, make_inputs: Callable[[int], Any], trace_size: int | None,
                 make_decode_inputs: Callable[[int], Any] | None) -> dict[str, Any]:
         start = time.perf_counter()
-        size = trace_size if trace_size is not None else max([16, *self.config.compile_sizes])
+        size = self._trace_size(trace_size)
         high = self.config.compile_ranges_max_size
         if high and not 2 <= size <= high:
             raise ValueError(f"compile_ranges_max_size={high} must be at least the trace size {size} (and >= 2); "
@@ -450,11 +449,16 @@ class CompiledModel:
             self.graphs.capture_all(as_arguments(make_inputs), as_arguments(make_decode_inputs),
                                     None if budget is None else budget * 2 ** 20, order)
 
+    def _trace_size(self, trace_size: int | None) -> int:
+        """The size warm-up traces at: the caller's, else 16 or the largest compile size."""
+        return trace_size if trace_size is not None else max([16, *self.config.compile_sizes])
+
     def _call_with(self, inputs):
-        return self(**inputs) if isinstance(inputs, dict) else self(*_positional(inputs))
+        args, kwargs = _as_call(inputs)
+        return self(*args, **kwargs)
 
     def _inputs_as_arguments(self, inputs) -> dict[str, Any]:
-        return self._bind((), inputs) if isinstance(inputs, dict) else self._bind(_positional(inputs), {})
+        return self._bind(*_as_call(inputs))
 
     def _as_arguments(self, inputs) -> dict[str, Any]:
         arguments = self._inputs_as_arguments(inputs)
@@ -526,8 +530,10 @@ def compile_in_background(directory: str) -> None:
                              "counters": counters.as_dict()})
 
 
-def _positional(inputs) -> tuple:
-    """A `make_inputs` result as positional arguments: a bare tensor is the model's one argument, not a
-    sequence of its rows."""
-    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+def _as_call(inputs) -> tuple[tuple, dict]:
+    """A `make_inputs` result as (args, kwargs): a dict is keywords, a tuple or list positional arguments, and a
+    bare tensor (or any other value) the model's one argument, not a sequence of its rows."""
+    if isinstance(inputs, dict):
+        return (), inputs
+    return (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), {}
 

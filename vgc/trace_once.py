@@ -316,7 +316,7 @@ class TraceSession:
         start = time.perf_counter()
         bound = getattr(self.forward, "__self__", None)
         # The model's plain attribute values the trace reads are vgc's to check at a load, not Dynamo's guards'
-        recorder = StateValueRecorder({"self": bound}) if bound is not None else None
+        recorder = StateValueRecorder(bound) if bound is not None else None
         with self.backend.tracing(plan_only=True):
             program = _compat.aot_capture(self.traced, self.backend, *self._layout(args, kwargs),
                                           _compat.model_state_guard_filter(

@@ -45,7 +45,7 @@ def dynamo_guard_entries(model, x) -> list:
 def test_value_guards_on_the_model_are_taken_over_and_the_rest_stay_dynamos():
     model = Scaled()
     entries = dynamo_guard_entries(model, torch.randn(2, 8))
-    recorder = StateValueRecorder({"self": model})
+    recorder = StateValueRecorder(model)
     keep = _compat.model_state_guard_filter({"x"}, recorder.take_over)(entries)
     taken = {(v.source, v.kind, repr(v.expected)) for v in recorder.values}
     assert ("L['self'].scale", "equals", "0.5") in taken
@@ -67,7 +67,7 @@ def test_value_guards_on_the_model_are_taken_over_and_the_rest_stay_dynamos():
 ])
 def test_each_recorded_value_catches_its_change(change, named):
     model = Scaled()
-    recorder = StateValueRecorder({"self": model})
+    recorder = StateValueRecorder(model)
     entries = dynamo_guard_entries(model, torch.randn(2, 8))
     _compat.model_state_guard_filter({"x"}, recorder.take_over)(entries)
     change(model)
@@ -84,7 +84,7 @@ def test_a_value_vgc_cannot_read_back_stays_dynamos_guard():
                 name, value, guard_type, is_global, True
     model = Scaled()
     model.nan = float("nan")
-    recorder = StateValueRecorder({"self": model})
+    recorder = StateValueRecorder(model)
     assert recorder.take_over(Entry("self.scale", 0.5))
     assert not recorder.take_over(Entry("self.scale", 0.75))            # not what vgc reads: Dynamo's
     assert not recorder.take_over(Entry("___odict_getitem(self.heads, 'a')", 1))

@@ -69,8 +69,6 @@ def dumps(value: Any) -> bytes:
     buffer = io.BytesIO()
     try:
         _Writer(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    except ModelCopyError:
-        raise
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise ModelCopyError(f"it cannot be written for another process ({type(e).__name__}: {e})") from e
     return buffer.getvalue()

@@ -72,11 +72,12 @@ def _shown(value: Any) -> str:
 
 class StateValueRecorder:
     """A guard filter's helper at capture: `take_over(entry)` is True when vgc records the entry's check itself
-    (Dynamo then leaves it out of the saved program). `roots` are the traced function's locals by name."""
+    (Dynamo then leaves it out of the saved program). `model` is the traced forward's `self`."""
 
-    def __init__(self, roots: dict[str, Any], root: str = "self"):
-        self.roots = roots
-        self.root = root
+    root = "self"
+
+    def __init__(self, model: Any):
+        self.roots = {self.root: model}
         self.values: list[StateValue] = []
         self._seen: set[tuple[str, str]] = set()
 

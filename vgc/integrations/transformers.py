@@ -116,7 +116,7 @@ class GenerationEngine:
         """Trace once, compile every piece and capture every CUDA graph, before the first request. generate()
         calls it when it has not run. A tiered start returns at once when nothing is cached: the model itself
         serves until the compiled flat forward is swapped in (`vgc.compile(..., tiered=True)`)."""
-        if not self.compiled.warmed_up and self.compiled.tier != "eager":
+        if self._warmup_due():
             trace_size = max(16, *self.compiled.config.compile_sizes) if self.compiled.config.compile_sizes else 16
             try:
                 self.compiled.warmup(self._prefill_example, trace_size=trace_size,
@@ -130,6 +130,10 @@ class GenerationEngine:
                 raise attention_probe.refused(self.model, PATH, f"vgc cannot trace and split its flat forward as "
                                                                 f"one graph ({cause})") from error
         return self.stats()
+
+    def _warmup_due(self) -> bool:
+        """Whether warm-up has yet to run (a tiered start's first tier is served until its swap, not warmed up)."""
+        return not self.compiled.warmed_up and self.compiled.tier != "eager"
 
     def _prefill_example(self, n: int) -> dict:
         """n tokens in up to two sequences from position 0 (two at trace time, so no batch dim is 1; with
@@ -172,7 +176,7 @@ class GenerationEngine:
                 raise RuntimeError("this VgcCache's sequences were overwritten: another generate() ran on the model "
                                    "since (vgc's paged cache serves one batch at a time)")
             self._active = weakref.ref(cache)
-        if not self.compiled.warmed_up and self.compiled.tier != "eager":
+        if self._warmup_due():
             self.warmup()
         batch, columns = input_ids.shape
         if cache.lens is None:

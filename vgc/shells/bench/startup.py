@@ -71,8 +71,9 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
             compiled(**batch)
         if device == "cuda":
             torch.cuda.synchronize()
-        full_speed_s, eager_calls = time.time() - spawned_at, compiled.stats()["tier_calls"]["eager"]
-        report["seconds"].update({k: v for k, v in compiled.stats()["seconds"].items() if k != "warmup"})
+        stats = compiled.stats()
+        full_speed_s, eager_calls = time.time() - spawned_at, stats["tier_calls"]["eager"]
+        report["seconds"].update({k: v for k, v in stats["seconds"].items() if k != "warmup"})
     seconds = report["seconds"]
     counts = vgc.counters
     print(json.dumps({
