@@ -114,3 +114,27 @@ def test_the_layer_table_catches_an_upward_import():
     assert _layer("vgc.backend") > _layer("vgc.capture.contract")
     assert _layer("vgc.cache.keys") < _layer("vgc.cudagraph.dispatch") < _layer("vgc.api")
     assert _layer("vgc") == len(LAYERS) - 1 and _layer("vgc._version") == 0
+
+
+def _capturing_lines(text: str) -> list[str]:
+    """The lines of a module's source that capture a CUDA graph themselves."""
+    spellings = ("cuda_runtime.capture(", "cuda_runtime.end_segment(", "torch.cuda.CUDAGraph(", "torch.cuda.graph(",
+                 ".capture_begin(")
+    return [line.strip() for line in text.splitlines() if any(s in line for s in spellings)]
+
+
+def test_every_graph_is_captured_by_the_one_core():
+    """One captured-graph type: a whole call is captured only in `captured.capture_graph`, a segment only in
+    `segments`, which wraps each in a `CapturedGraph`; no other module records a graph."""
+    capturing = {name for name in MODULES if name != "vgc.cuda_runtime"
+                 and _capturing_lines(MODULES[name].read_text())}
+    assert capturing == {"vgc.cudagraph.captured", "vgc.cudagraph.segments"}, capturing
+    assert "CapturedGraph(graph" in MODULES["vgc.cudagraph.segments"].read_text()
+    assert _capturing_lines("    graph, out = cuda_runtime.capture(lambda: f(x), pool)\n")   # the rule can fail
+
+
+def test_no_library_module_is_over_600_lines():
+    """Modules do one job; past ~600 lines one has grown a second (the shells' benches are scripts: exempt)."""
+    long = {name: n for name, path in MODULES.items() if not name.startswith("vgc.shells")
+            if (n := len(path.read_text().splitlines())) > 600}
+    assert not long, long

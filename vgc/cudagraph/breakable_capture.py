@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 from typing import Any, Callable
 
 import torch
@@ -32,10 +31,11 @@ from vgc import _compat, cuda_runtime
 from vgc.config import CompilationConfig
 from vgc.counters import Counters, counters
 from vgc.cudagraph.breaks import Breaks, DEFAULT_BREAKS
+from vgc.cudagraph.captured import CaptureLoop, largest_first
 from vgc.cudagraph.memory import GraphMemory
 from vgc.cudagraph.padding import batch_dims, output_tensors, padded_size, slice_outputs, StaticInputs
-from vgc.cudagraph.runtime import frozen_gc
-from vgc.cudagraph.segments import BreakableCaptureError, capture_entry, Entry
+from vgc.cudagraph.runtime import capture_failure
+from vgc.cudagraph.segments import BreakableCaptureError, capture_entry, SegmentedReplay
 from vgc.ops.attention import lengths_read_once
 
 __all__ = ["breakable", "BreakableCaptureError", "BreakableGraphs", "DEFAULT_BREAKS"]
@@ -83,10 +83,11 @@ class BreakableGraphs:
         self.breaks = Breaks.of(breaks)
         self.uniform_decode = uniform_decode
         self.counters = Counters.child_of(counters)
-        self.graphs: dict[int, Entry] = {}        # size -> breakable graphs
-        self.whole: dict[int, Entry] = {}         # size -> one graph (uniform decode: attention inside)
+        self.graphs: dict[int, SegmentedReplay] = {}        # size -> breakable graphs
+        self.whole: dict[int, SegmentedReplay] = {}         # size -> one graph (uniform decode: attention inside)
         self.memory = GraphMemory()
         self._pool = None
+        self._warmed = False   # a first capture ran the model before it
         self._output_dims: list[tuple[int, ...]] | None = None
         self._eager_shapes: dict[int, list[torch.Size]] = {}
         self._warned: set[str] = set()
@@ -101,19 +102,39 @@ class BreakableGraphs:
         if make_decode_inputs is not None and self.uniform_decode is None:
             raise ValueError("make_decode_inputs needs uniform_decode=<predicate on the call's arguments> at "
                              "construction, to tell the calls its whole graphs serve")
-        start = time.perf_counter()
         module_breaks = self.breaks.modules_in(self.model)
-        with torch.no_grad(), frozen_gc():
-            for size in reversed(self.capture_sizes):
-                self._capture_size(size, self._made(size, make_inputs), self.graphs, self.breaks, module_breaks)
-            if make_decode_inputs is not None:
-                for size in reversed(self.capture_sizes):
-                    self._capture_size(size, self._made(size, make_decode_inputs), self.whole, None, [])
-        self.seconds["capture"] = time.perf_counter() - start
+        sizes = largest_first(self.capture_sizes)
+        jobs = [(size, make_inputs, self.graphs, self.breaks, module_breaks) for size in sizes]
+        if make_decode_inputs is not None:
+            jobs += [(size, make_decode_inputs, self.whole, None, []) for size in sizes]
+        with torch.no_grad():
+            first = self._made(sizes[0], make_inputs)
+            if not self._pool_ready(first):
+                return self.stats()
+            loop = self._loop(first)
+            with loop.running(len(jobs)):
+                for size, maker, into, breaks, modules in jobs:
+                    bound = first if into is self.graphs and size == sizes[0] else self._made(size, maker)
+                    self._capture_size(loop, size, bound, into, breaks, modules)
+        self.seconds["capture"] = loop.seconds
         logger.info("breakable CUDA graphs: %d sizes (%d segments, %d breaks at the largest), %d whole graphs in "
                     "%.2f s; %s", len(self.graphs), *self._largest_counts(), len(self.whole),
                     self.seconds["capture"], self.memory.summary())
         return self.stats()
+
+    def _loop(self, bound: inspect.BoundArguments) -> CaptureLoop:
+        return CaptureLoop(self.memory, bound.arguments[self.size_arg].device, "breakable CUDA graphs")
+
+    def _pool_ready(self, bound: inspect.BoundArguments) -> bool:
+        """The graphs' memory pool exists; False (warned once: calls run eagerly) where torch has no CUDA."""
+        if self._pool is None:
+            try:
+                self._pool = cuda_runtime.new_pool()
+            except RuntimeError as error:
+                self._warn_once(f"no CUDA graph pool ({str(error).splitlines()[0]}; the inputs are on "
+                                f"{bound.arguments[self.size_arg].device}): calls run eagerly")
+                return False
+        return True
 
     def _largest_counts(self) -> tuple[int, int]:
         if not self.graphs:
@@ -147,54 +168,47 @@ class BreakableGraphs:
         size = self.batch_size(bound.arguments)
         if size not in self.capture_sizes:
             raise ValueError(f"capture(): a call of size {size}; the capture sizes are {self.capture_sizes}")
-        start = time.perf_counter()
-        with torch.no_grad(), frozen_gc():
-            out = self._capture_size(size, bound, self.graphs, self.breaks, self.breaks.modules_in(self.model),
+        if not self._pool_ready(bound):
+            return self._eager(bound, None)
+        loop = self._loop(bound)
+        with torch.no_grad(), loop.running():
+            out = self._capture_size(loop, size, bound, self.graphs, self.breaks, self.breaks.modules_in(self.model),
                                      warm=False)
-        self.seconds["capture"] = self.seconds.get("capture", 0.0) + time.perf_counter() - start
+        self.seconds["capture"] = self.seconds.get("capture", 0.0) + loop.seconds
         return out if out is not None else self._eager(self._bind(args, kwargs), None)
 
-    def _capture_size(self, size: int, bound: inspect.BoundArguments, into: dict, breaks: Breaks | None,
-                      module_breaks, warm: bool = True):
+    def _capture_size(self, loop: CaptureLoop, size: int, bound: inspect.BoundArguments, into: dict,
+                      breaks: Breaks | None, module_breaks, warm: bool = True):
         """Capture the call `bound` (of `size`) into `into`; its output, or None when it could not be captured
         (logged; those calls run eagerly)."""
         for name, dim in self.dynamic.items():
             self.static.reserve(name, bound.arguments[name], dim, size)
         bound.arguments.update(self.static.pad_all(bound.arguments, self.dynamic, 0))
         call = lengths_read_once(self.model)
-        if warm and (breaks is None or self._pool is None):
+        if warm and (breaks is None or not self._warmed):
             # warm first: lazy initialisation, kernels compiled on first use, allocator blocks. Once done at the
             # first size, breakable captures need no more (their kernels at a new size are torch's own, and the
             # attention between segments runs outside any capture); whole graphs hold attention's kernels, which
             # compile per specialisation on first use, so each warms first.
             call(*bound.args, **bound.kwargs)
-        device = bound.arguments[self.size_arg].device
-        if self._pool is None:
-            try:
-                self._pool = cuda_runtime.new_pool()
-            except RuntimeError as error:   # a CPU-only torch: no graphs at all
-                self._warn_once(f"no CUDA graph pool ({str(error).splitlines()[0]}; the inputs are on {device}): "
-                                "calls run eagerly")
-                return None
-        cuda_runtime.synchronize(device)
-        before = cuda_runtime.reserved_bytes(device)
-        cuda_runtime.reset_peak_memory(device)
+            self._warmed = True
         key = size if breaks is not None else f"whole:{size}"
-        try:
-            entry, out = capture_entry(call, bound, self._default_leaves, self.dynamic, self._pool, breaks,
-                                        module_breaks)
-        except BreakableCaptureError:
-            raise
-        except torch.OutOfMemoryError as error:
-            self.memory.out_of_memory(key, str(error).splitlines()[0])
+
+        def capture():
+            try:
+                return capture_entry(call, bound, self._default_leaves, self.dynamic, self._pool, breaks,
+                                     module_breaks)
+            except (BreakableCaptureError, torch.OutOfMemoryError):
+                raise
+            except Exception as error:   # noqa: BLE001 - a size that cannot be captured runs without graphs
+                logger.warning("breakable capture at size %s failed (%s); those calls run eagerly", key,
+                               capture_failure(error))
+                return None
+
+        captured = loop.capture(key, size, capture)
+        if captured is None:
             return None
-        except Exception as error:   # noqa: BLE001 - a size that cannot be captured runs without graphs
-            logger.warning("breakable capture at size %s failed (%s: %s); those calls run eagerly", key,
-                           type(error).__name__, (str(error).strip().splitlines() or [""])[0])
-            return None
-        cuda_runtime.synchronize(device)
-        self.memory.peak_bytes = max(self.memory.peak_bytes, cuda_runtime.peak_reserved_bytes(device))
-        self.memory.captured(key, size, cuda_runtime.reserved_bytes(device) - before)
+        entry, out = captured
         into[size] = entry
         self.counters.add(cudagraph_captures=entry.segments)
         self._learn_output_dims(size, out)
@@ -262,7 +276,7 @@ class BreakableGraphs:
 
 
 @lengths_read_once
-def _replay_once(entry: Entry, inputs: dict, leaves: dict):
+def _replay_once(entry: SegmentedReplay, inputs: dict, leaves: dict):
     """A replay, its attention calls sharing one host read of the lengths (a prefill syncs once, not per layer)."""
     return entry.replay(inputs, leaves)
 

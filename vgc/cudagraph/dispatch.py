@@ -6,33 +6,21 @@ Used by `vgc.compile`: inputs are padded into vgc-owned buffers, so every graph 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from tqdm import tqdm
 
 from vgc import cuda_runtime  # module attribute access: tests substitute capture()
-from vgc.capture.paths import argument_tensors, InputMismatchError, render_path
+from vgc.capture.paths import argument_tensors, follow, InputMismatchError, render_path
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
+from vgc.cudagraph.captured import capture_graph, CaptureLoop, CapturedGraph, largest_first
 from vgc.cudagraph.memory import GraphMemory
 from vgc.cudagraph.padding import batch_dims, output_tensors, padded_size, slice_outputs, StaticInputs
-from vgc.cudagraph.runtime import (bypass_piece_graphs, capture_failure, check_replay, frozen_gc, GraphRuntime,
-                                   ReplaySampler)
+from vgc.cudagraph.runtime import bypass_piece_graphs, check_replay, GraphRuntime, ReplaySampler
 
 logger = logging.getLogger("vgc")
-
-
-@dataclass
-class _FullGraph:
-    graph: torch.cuda.CUDAGraph
-    output: Any
-    pinned: list[tuple[str, tuple, int]]   # (argument, path, address) of tensors passed through unpadded
-                                           # (KV caches): their address is baked in
-    shapes: dict[str, torch.Size]   # padded dynamic inputs as captured: their extents are baked in too
-    inputs: dict[str, Any]          # what the graph reads, held so that no buffer of it is freed and reused
 
 
 @dataclass
@@ -64,7 +52,7 @@ class GraphDispatcher:
         self.may_pad = pad_values is not None   # without pad values only exact capture sizes replay graphs
         self.uniform_decode = uniform_decode
         self.runtime = runtime
-        self.full: dict[int, _FullGraph] = {}
+        self.full: dict[int, CapturedGraph] = {}
         self.full_sizes: list[int] = []   # sorted keys of `full`
         # tokens per sequence of a uniform decode batch; above 1 (speculative decoding), a FULL graph is captured
         # at each capture size that is a multiple of it, and a call pads each input to that graph's extents
@@ -114,9 +102,8 @@ class GraphDispatcher:
             if self.id_check is not None:
                 self.id_check(arguments)
             self._check_pinned(full, padded_arguments)
-            full.graph.replay()
+            out = full.replay()
             counters.cudagraph_replays += 1
-            out = full.output
         elif self.use_piecewise:
             out = self.call(padded_arguments)
         else:
@@ -140,9 +127,8 @@ class GraphDispatcher:
         if self.id_check is not None:
             self.id_check(arguments)
         self._check_pinned(full, arguments)   # the pinned ones (KV caches) are not padded
-        full.graph.replay()
+        out = self._slice(full.replay(), size)
         counters.cudagraph_replays += 1
-        out = self._slice(full.output, size)
         if self.runtime.debug and self._debug.due(("full", extents[self.size_arg])):
             check_replay(out, lambda: self.call(arguments), f"FULL graph of {extents[self.size_arg]} tokens")
         return out
@@ -155,12 +141,12 @@ class GraphDispatcher:
         no padding copy, no address check. What `run` checks is then the caller's to keep true: the same
         non-dynamic tensors (KV caches) as at capture, inputs of the traced dtypes, inert pad entries."""
         full = self.full.get(size)
-        return None if full is None else {name: full.inputs[name] for name in self.dynamic}
+        return None if full is None else {name: full.held[name] for name in self.dynamic}
 
     def full_graph_output(self, size: int):
         """What the FULL graph of capture size `size` writes (padded, in graph memory), without replaying it: a
         caller that chains its own graph after it reads it there."""
-        return self.full[size].output
+        return self.full[size].outputs
 
     def replay_full(self, size: int):
         """Replay the FULL graph of `size` on what its input buffers hold; returns its output, padded and in
@@ -168,11 +154,11 @@ class GraphDispatcher:
         catches a graph that reads memory other than its buffers, not a caller that left a buffer unwritten
         (`run` re-runs on the caller's own tensors and catches both)."""
         full = self.full[size]
-        full.graph.replay()
+        out = full.replay()
         counters.cudagraph_replays += 1
         if self.runtime.debug and self._debug.due(size):
-            check_replay(full.output, lambda: self.call(full.inputs), f"padded size {size}")
-        return full.output
+            check_replay(out, lambda: self.call(full.held), f"padded size {size}")
+        return out
 
     def _ungraphed(self, arguments: dict):
         counters.eager_runs += 1
@@ -196,21 +182,20 @@ class GraphDispatcher:
         out.update(self.static.pad_all(arguments, self.dynamic, padded - size))
         return out
 
-    def _pinned(self, arguments: dict) -> list[tuple[str, tuple, int]]:
-        return [(name, steps, t.data_ptr()) for name, value in arguments.items() if name not in self.dynamic
-                for steps, t in argument_tensors(value)]
+    def _pinned_at(self, arguments: dict) -> list[tuple[str, tuple]]:
+        """Where the tensors passed through unpadded (KV caches) are: their addresses are baked in."""
+        return [(name, steps) for name, value in arguments.items() if name not in self.dynamic
+                for steps, _ in argument_tensors(value)]
 
     @staticmethod
-    def _check_pinned(full: _FullGraph, arguments: dict) -> None:
-        for name, steps, address in full.pinned:   # per call: a plain loop, no structure walk
-            value = arguments[name]
-            for kind, key in steps:
-                value = value[key] if kind == "item" else getattr(value, key)
-            if value.data_ptr() != address:
-                raise InputMismatchError(
-                    f"argument {name + render_path(steps)!r} is not the tensor the FULL CUDA graph was captured "
-                    "with (its address changed); graphs read fixed addresses, so allocate such tensors (e.g. KV "
-                    "caches) once and pass the same ones on every call")
+    def _check_pinned(full: CapturedGraph, arguments: dict) -> None:
+        moved = full.moved(arguments)
+        if moved is not None:
+            name, steps = full.pinned_at[moved]
+            raise InputMismatchError(
+                f"argument {name + render_path(steps)!r} is not the tensor the FULL CUDA graph was captured "
+                "with (its address changed); graphs read fixed addresses, so allocate such tensors (e.g. KV "
+                "caches) once and pass the same ones on every call")
 
     # ---- warm-up ----
     def capture_all(self, make_inputs: Callable[[int], dict], make_full_inputs: Callable[[int], dict],
@@ -219,10 +204,7 @@ class GraphDispatcher:
         traffic profile's value order, `traffic.value_order`), else by size. With `budget_bytes`, a size whose
         graphs would grow the pool past it is skipped: its calls pad up to a larger captured size. A size whose
         capture runs out of memory is undone and skipped too; the start goes on."""
-        sizes = sorted(self.capture_sizes, reverse=True)
-        if order is not None:
-            ranked = [s for s in order if s in self.capture_sizes]
-            sizes = sizes[:1] + [s for s in ranked if s != sizes[0]] + [s for s in sizes[1:] if s not in ranked]
+        sizes = largest_first(self.capture_sizes, order)
         largest = sizes[0]
         for maker in {make_inputs, make_full_inputs}:   # room for both kinds of batch (offsets: one more)
             example = maker(largest)
@@ -230,35 +212,19 @@ class GraphDispatcher:
                 self.static.reserve(name, example[name], dim, largest)
         self.runtime.mark_stable(self.static.buffers.values())
         device = next(iter(self.static.buffers.values())).device
-        stats = self.stats
-        memory = stats.memory = GraphMemory(budget_bytes)
-        start = time.perf_counter()
-        cuda_runtime.synchronize(device)
-        cuda_runtime.reset_peak_memory(device)
-        reserved = cuda_runtime.reserved_bytes(device)
-        with frozen_gc(), self.runtime.capturing():
-            for size in tqdm(sizes, desc="vgc: capturing CUDA graphs", unit="size", leave=False,
-                             disable=not logger.isEnabledFor(logging.INFO)):
-                maker = make_full_inputs if self.use_full else make_inputs
-                if not memory.admits(size, size, lambda: self._run_peak_bytes(maker(size), size, device)):
-                    continue
-                try:
-                    self._capture_size(size, make_inputs, make_full_inputs, device)
-                    cuda_runtime.synchronize(device)
-                except torch.OutOfMemoryError as error:
-                    self._undo(size)
-                    memory.out_of_memory(size, capture_failure(error))
-                    continue
-                now = cuda_runtime.reserved_bytes(device)
-                memory.captured(size, size, now - reserved)
-                stats.pool_bytes_after_each.append(now)
-                reserved = now
-        memory.peak_bytes = cuda_runtime.peak_reserved_bytes(device)
+        maker = make_full_inputs if self.use_full else make_inputs
+        memory = self.stats.memory = GraphMemory(budget_bytes)
+        loop = CaptureLoop(memory, device, "CUDA graphs")
+        with loop.running(len(sizes)), self.runtime.capturing():
+            for size in sizes:
+                loop.capture(size, size, lambda: self._capture_size(size, make_inputs, make_full_inputs),
+                             first_estimate=lambda: self._run_peak_bytes(maker(size), size, device),
+                             undo=lambda: self._undo(size))
         if memory.skipped:
             self.capture_sizes = [s for s in self.capture_sizes if s not in memory.skipped]
-        stats.capture_seconds = time.perf_counter() - start
-        logger.info("CUDA graphs: %d sizes captured in %.2f s, %s", len(memory.per_size), stats.capture_seconds,
-                    memory.summary())
+        self.stats.capture_seconds = loop.seconds
+        self.stats.pool_bytes_after_each = loop.reserved_after
+        logger.info("%s", loop.summary())
 
     def _run_peak_bytes(self, inputs: dict, size: int, device) -> int:
         """The peak memory a run at `size` allocates, without graphs: what a first graph keeps as its pool."""
@@ -269,7 +235,8 @@ class GraphDispatcher:
                 self.call(arguments)
         return cuda_runtime.peak_allocated_by(run, device)
 
-    def _capture_size(self, size: int, make_inputs, make_full_inputs, device) -> None:
+    def _capture_size(self, size: int, make_inputs, make_full_inputs) -> bool:
+        """Capture `size`'s graphs (the pieces' and the FULL one, as the mode has them); True."""
         if self.use_piecewise:
             arguments = self._pad(make_inputs(size), size, size)
             self.call(arguments)       # warm-up at this size: lazy kernel loading happens here
@@ -279,7 +246,8 @@ class GraphDispatcher:
             if self.uniform_decode is not None and not self.uniform_decode(arguments):
                 raise ValueError("the inputs made for FULL CUDA graph capture are not uniform decode "
                                  "batches by the model's uniform_decode predicate")
-            self._capture_full(size, self._pad(arguments, size, size), device)
+            self._capture_full(size, self._pad(arguments, size, size))
+        return True
 
     def _undo(self, size: int) -> None:
         """Forget every graph of `size` (a capture that failed part-way): its calls pad to another size."""
@@ -289,15 +257,17 @@ class GraphDispatcher:
             piece.entries.pop(size, None)
             piece.failed_sizes.add(size)
 
-    def _capture_full(self, size: int, arguments: dict, device) -> None:
+    def _capture_full(self, size: int, arguments: dict) -> None:
         with bypass_piece_graphs():
             self.call(arguments)               # warm-up with piece graphs bypassed
-            graph, output = cuda_runtime.capture(lambda: self.call(arguments), self.runtime.pool())
-        graph.replay()
-        shapes = {name: arguments[name].shape for name in self.dynamic}
-        self.full[size] = _FullGraph(graph, output, self._pinned(arguments), shapes, arguments)
+            pinned_at = self._pinned_at(arguments)
+            full = capture_graph(lambda: self.call(arguments), self.runtime.pool(), held=arguments, args=arguments,
+                                 pinned_at=pinned_at, pinned_of=lambda given: [follow(given[name], steps)
+                                                                               for name, steps in pinned_at],
+                                 shapes={name: arguments[name].shape for name in self.dynamic})
+        self.full[size] = full
         self.full_sizes = sorted(self.full)
-        self.learn_output_dims(output, size)
+        self.learn_output_dims(full.outputs, size)
         self.runtime.counters.add(cudagraph_captures=1)
 
     def report(self) -> dict:

@@ -18,17 +18,16 @@ a host sync) runs on PIECEWISE graphs instead, with one log line naming the op.
 from __future__ import annotations
 
 import logging
-import operator
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.fx as fx
 
-from vgc import cuda_runtime  # module attribute access: tests substitute capture()
 from vgc import _compat
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
+from vgc.cudagraph.captured import capture_graph, CapturedGraph, positions
 from vgc.cudagraph.runtime import (bypass_piece_graphs, capture_failure, check_replay, GraphRuntime, paused_gc,
                                    piece_graphs_bypassed, ReplaySampler)
 
@@ -44,22 +43,6 @@ REPLAYS_PER_CAPTURE = 16
 # instead of read in place: transformers' StaticCache replaces its small per-layer counters on every generate()
 # while its K/V stay put, and reading them in place made every generate() capture again.
 MIRROR_BYTES = 4096
-
-_data_ptr = torch.Tensor.data_ptr
-
-
-@dataclass
-class _Captured:
-    graph: object
-    inputs: list                 # what the graph reads: the call's arguments, copies where they are copied in
-    copy_targets: list           # the graph's own buffers, refreshed from the call's arguments before each replay
-                                 # (copied inputs, then mirrored ones)
-    pinned_ptrs: list[int]       # addresses of the pinned inputs at capture, in `pinned` order
-    outputs: object
-    moves: int = 0               # how often a pinned input of this signature moved soon after a capture
-    mirror_targets: list = ()    # the graph's copies of the mirrored inputs, written back after each replay
-    replays: int = 0
-
 
 class _NotCaptured:
     """A key's state before its capture (`seen` calls so far) or after giving up on it (`reason`)."""
@@ -138,10 +121,11 @@ class DropInGraphs:
         self.mode = mode
         self.runtime = runtime
         self.label = label
-        self.entries: dict[tuple, _Captured | _NotCaptured] = {}
-        self._pinned_of = _getter(inputs.pinned)
-        self._copied_of = _getter(inputs.copied + inputs.mirrored)
-        self._mirrored_of = _getter(inputs.mirrored)
+        self.entries: dict[tuple, CapturedGraph | _NotCaptured] = {}
+        self._moves: dict[tuple, int] = {}   # per captured signature: how often its inputs moved soon after
+        self._pinned_of = positions(inputs.pinned)
+        self._copied_of = positions(inputs.copied + inputs.mirrored)
+        self._mirrored_of = positions(inputs.mirrored)
         self._key_of = _key_function(inputs)
         self._told: set[str] = set()
         self._debug = ReplaySampler()
@@ -158,15 +142,11 @@ class DropInGraphs:
             return self.forward(*args)
         key = self._key_of(args)
         entry = self.entries.get(key)
-        if entry.__class__ is _Captured:
-            if list(map(_data_ptr, self._pinned_of(args))) != entry.pinned_ptrs:
-                return self._moved(key, entry, args)
-            if entry.copy_targets:
-                _compat.copy_many(entry.copy_targets, self._copied_of(args))
-            entry.graph.replay()
-            entry.replays += 1
-            if entry.mirror_targets:
-                _compat.copy_many(list(self._mirrored_of(args)), entry.mirror_targets)
+        if entry.__class__ is CapturedGraph:
+            moved = entry.moved(args)
+            if moved is not None:
+                return self._moved(key, entry, moved, args)
+            entry.replay(args)
             counters.cudagraph_replays += 1
             if self.runtime.debug and self._debug.due(key):
                 check_replay(entry.outputs, lambda: self.forward(*args), f"sizes {_sizes(key)} of {self.label}")
@@ -213,18 +193,24 @@ class DropInGraphs:
 
     def _capture(self, key: tuple, entry: _NotCaptured, args):
         inputs = list(args)
-        for i in self.inputs.copied + self.inputs.mirrored:
+        copied = self.inputs.copied + self.inputs.mirrored
+        for i in copied:
             inputs[i] = args[i].clone()
         try:
             with paused_gc(), bypass_piece_graphs():
-                graph, outputs = cuda_runtime.capture(lambda: self.forward(*inputs), self.runtime.pool())
+                # Capturing only records: this call's results come from the first replay (capture_graph's)
+                captured = capture_graph(lambda: self.forward(*inputs), self.runtime.pool(), held=inputs, args=inputs,
+                                         pinned_at=self.inputs.pinned, pinned_of=self._pinned_of,
+                                         copy_targets=[inputs[i] for i in copied], copy_of=self._copied_of,
+                                         mirror_targets=[inputs[i] for i in self.inputs.mirrored],
+                                         mirror_of=self._mirrored_of)
         except Exception as error:   # noqa: BLE001 - any failure to capture means: run this signature piecewise
             entry.reason = "capture failed"
             self._tell(f"{self.label}: FULL CUDA graph capture failed at sizes {_sizes(key)} "
                        f"({capture_failure(error)}); that signature runs on PIECEWISE graphs")
             return self.forward(*args)
-        copied_storages = {inputs[i].untyped_storage().data_ptr(): i
-                           for i in self.inputs.copied + self.inputs.mirrored}
+        outputs = captured.outputs
+        copied_storages = {inputs[i].untyped_storage().data_ptr(): i for i in copied}
         out_tensors = [o for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
                        if isinstance(o, torch.Tensor)]
         for out in out_tensors:
@@ -234,32 +220,26 @@ class DropInGraphs:
                 self._tell(f"{self.label}: the graph returns a view of its input {self.inputs.names[i]}, which "
                            "a FULL graph reads from a copy; it runs on PIECEWISE graphs")
                 return self.forward(*args)
-        # Capturing only records: this call's results come from the first replay, and the mirrored inputs' writes
-        # go back to the caller's tensors.
-        graph.replay()
-        mirror_targets = [inputs[i] for i in self.inputs.mirrored]
-        if mirror_targets:
-            _compat.copy_many([args[i] for i in self.inputs.mirrored], mirror_targets)
-        pinned = list(self._pinned_of(inputs))
-        self.entries[key] = _Captured(graph, inputs, [inputs[i] for i in self.inputs.copied + self.inputs.mirrored],
-                                      list(map(_data_ptr, pinned)), outputs, entry.moves, mirror_targets)
-        pinned_storages = {t.untyped_storage().data_ptr() for t in pinned}
+        if captured.mirror_targets:   # the first replay's writes go back to the caller's tensors
+            _compat.copy_many(list(self._mirrored_of(args)), captured.mirror_targets)
+        self.entries[key] = captured
+        self._moves[key] = entry.moves
+        pinned_storages = {t.untyped_storage().data_ptr() for t in self._pinned_of(inputs)}
         # Outputs that are views of the caller's own tensors (a KV cache) are theirs; the rest is graph memory.
         self.runtime.mark_stable(o for o in out_tensors if o.untyped_storage().data_ptr() not in pinned_storages)
         self.runtime.counters.add(cudagraph_captures=1)
         self.full_graphs += 1
         logger.debug("%s: captured a FULL graph at sizes %s (%d inputs copied in, %d copied in and out, %d read in "
-                     "place)", self.label, _sizes(key), len(self.inputs.copied), len(self.inputs.mirrored), len(pinned))
+                     "place)", self.label, _sizes(key), len(self.inputs.copied), len(self.inputs.mirrored),
+                     len(self.inputs.pinned))
         return outputs
 
-    def _moved(self, key: tuple, entry: _Captured, args):
-        """A pinned input is not where the graph reads it: run without the graph, and capture again at the new
-        address next time. A signature whose inputs move `MAX_RECAPTURES` times within `REPLAYS_PER_CAPTURE`
-        replays of their capture stops being captured."""
-        now = list(map(_data_ptr, self._pinned_of(args)))
-        moved = next(i for i, a, b in zip(self.inputs.pinned, now, entry.pinned_ptrs) if a != b)
-        name = self.inputs.names[moved]
-        moves = entry.moves + (entry.replays < REPLAYS_PER_CAPTURE)
+    def _moved(self, key: tuple, entry: CapturedGraph, moved: int, args):
+        """A pinned input (the `moved`th) is not where the graph reads it: run without the graph, and capture
+        again at the new address next time. A signature whose inputs move `MAX_RECAPTURES` times within
+        `REPLAYS_PER_CAPTURE` replays of their capture stops being captured."""
+        name = self.inputs.names[entry.pinned_at[moved]]
+        moves = self._moves.pop(key, 0) + (entry.replays < REPLAYS_PER_CAPTURE)
         self.full_graphs -= 1   # its inputs and outputs are freed: the pool reuses their memory
         if moves > MAX_RECAPTURES:
             self.entries[key] = _NotCaptured(moves=moves, reason="moving inputs")
@@ -279,22 +259,11 @@ class DropInGraphs:
             logger.log(level, "%s", message)
 
 
-def _getter(positions: list[int]) -> Callable:
-    """args -> the values at `positions`, as a sequence (operator.itemgetter, which returns a bare value for one
-    position)."""
-    if not positions:
-        return lambda args: ()
-    if len(positions) == 1:
-        (i,) = positions
-        return lambda args: (args[i],)
-    return operator.itemgetter(*positions)
-
-
 def _key_function(inputs: GraphInputs) -> Callable:
     """args -> the call's signature: its scalar inputs and the shapes of the tensors that are not model state
     (Dynamo's guards fix the rest)."""
-    scalars = _getter(inputs.scalars)
-    shaped = _getter(inputs.shaped)
+    scalars = positions(inputs.scalars)
+    shaped = positions(inputs.shaped)
     return lambda args: (tuple(scalars(args)), tuple(t.shape for t in shaped(args)))
 
 

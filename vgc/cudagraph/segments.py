@@ -2,8 +2,8 @@
 
 `capture_entry` runs the forward once under a stream capture that ends at every break (`vgc.cudagraph.breaks`),
 noting where each tensor came from (a dynamic input, a leaf of another argument, an earlier break's result), and
-refuses anything a replay could not repeat: a value read on the host inside a segment. `Entry.replay` runs the
-recorded steps on a call's inputs.
+refuses anything a replay could not repeat: a value read on the host inside a segment. `SegmentedReplay.replay`
+runs the recorded steps on a call's inputs: each segment a `CapturedGraph`, each break an eager call.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from vgc import _compat, cuda_runtime  # module attribute access: tests substitute begin_segment()/end_segment()
 from vgc.capture.paths import describe
 from vgc.cudagraph.breaks import Breaks, function_names
+from vgc.cudagraph.captured import CapturedGraph
 
 logger = logging.getLogger("vgc")
 
@@ -116,7 +117,7 @@ class _Capture:
     Sources: ("input", name) for a dynamic input; ("arg", name, leaf) for a leaf (a tensor or an object) of another
     argument; ("break", step, leaf) for a break's result. An argument a break receives and no segment reads is
     handed over per call at replay (a cache object, a padding mask of any length); the rest are baked in and
-    checked per call (`Entry.mismatch`)."""
+    checked per call (`SegmentedReplay.mismatch`)."""
 
     def __init__(self, pool, breaks: Breaks | None, inputs: dict[str, torch.Tensor], others: dict[str, list]):
         self.pool = pool
@@ -163,7 +164,8 @@ class _Capture:
         # Kept even when no torch call was seen: code that launches kernels itself (a Triton kernel called from
         # Python) records into the segment all the same.
         graph.replay()   # capturing only records: the break after it (and the caller) need real values
-        self.steps.append(graph)
+        # a segment reads and writes the tensors the capture held (the entry's `pinned`, the static inputs)
+        self.steps.append(CapturedGraph(graph, None))
 
     def abort(self) -> None:
         if self.graph is not None:
@@ -382,7 +384,7 @@ def _method_breaks(capture: _Capture, methods: tuple[tuple[type, str], ...]):
 
 
 @dataclasses.dataclass
-class Entry:
+class SegmentedReplay:
     steps: list
     output_spec: Any
     output_sources: list          # per output leaf: a source (see _Capture) or ("static", value)
@@ -464,7 +466,8 @@ class Entry:
 
 
 def capture_entry(model: Callable, bound: inspect.BoundArguments, defaults: dict[str, tuple[list, Any]],
-                   dynamic: dict[str, int], pool, breaks: Breaks | None, module_breaks: list) -> tuple[Entry, Any]:
+                  dynamic: dict[str, int], pool, breaks: Breaks | None,
+                  module_breaks: list) -> tuple[SegmentedReplay, Any]:
     """Capture one call in segments; returns the entry and the call's output (real values). The entry holds every
     argument, `defaults` (flattened) for those the call left out: a call that passes one is then not taken for this
     one."""
@@ -506,7 +509,7 @@ def capture_entry(model: Callable, bound: inspect.BoundArguments, defaults: dict
                 pinned.append((name, i, leaf.data_ptr()))
             else:
                 constants.append((name, i, leaf))
-    entry = Entry(capture.steps, spec, output_sources,
+    entry = SegmentedReplay(capture.steps, spec, output_sources,
                    {name: inputs[name].shape for name in capture.inputs_read}, specs, pinned, constants,
                    segments=sum(not isinstance(s, _Break) for s in capture.steps),
                    breaks=sum(isinstance(s, _Break) for s in capture.steps))

@@ -26,8 +26,8 @@ from vgc.api import CompiledModel
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import Counters, counters
 from vgc.cudagraph import traffic
+from vgc.cudagraph.captured import capture_graph, CaptureLoop, CapturedGraph
 from vgc.cudagraph.memory import GraphMemory
-from vgc.cudagraph.runtime import capture_failure, frozen_gc
 from vgc.encoder import data_parallel
 from vgc.encoder.pack import budget_levels, pack, PathBudgets, SubBatch
 from vgc.encoder.protocol import (BudgetGraphMetadata, DEFAULT_PATH, EncoderCudaGraphConfig, EncoderItemSpec,
@@ -186,23 +186,22 @@ class EncoderCudaGraphManager:
         traced = paths if self._compile else []
         if not self.use_graphs:
             todo = []
-        with log.progress(len(traced) + len(todo), "vgc: encoder graphs", unit="step") as bar, torch.no_grad():
+        with log.progress(len(traced), "vgc: encoder compile", unit="path") as bar, torch.no_grad():
             for path in traced:
                 self._trace(path)
                 bar.update(1)
-            self._seconds["compile"] = time.perf_counter() - start
-            with frozen_gc():
-                if todo:
-                    cuda_runtime.reset_peak_memory(self.device)
+        self._seconds["compile"] = time.perf_counter() - start
+        loop = CaptureLoop(self.memory, self.device, "encoder graphs")
+        if todo:   # no device calls for a model without graphs (it may be on the CPU)
+            with torch.no_grad(), loop.running(len(todo)):
                 for path, budget in todo:
-                    self._capture_one(path, budget)
-                    bar.update(1)
-                self.memory.peak_bytes = cuda_runtime.peak_reserved_bytes(self.device) if todo else 0
-            self._seconds["capture"] = time.perf_counter() - start - self._seconds["compile"]
-            if todo and self.calibrate:
+                    self._capture_one(loop, path, budget)
+        self._seconds["capture"] = loop.seconds
+        if todo and self.calibrate:
+            with torch.no_grad():
                 for path in paths:
                     self._calibrate(path)
-                self._seconds["calibrate"] = time.perf_counter() - start - sum(self._seconds.values())
+            self._seconds["calibrate"] = time.perf_counter() - start - sum(self._seconds.values())
         self._captured = True
         logger.info("encoder: compiled in %.2f s, captured %d graphs in %.2f s (budgets %s), %s",
                     self._seconds["compile"], len(self.memory.per_size), self._seconds["capture"],
@@ -270,32 +269,28 @@ class EncoderCudaGraphManager:
         forward(values)
         return forward, values
 
-    def _capture_one(self, path: str, budget: int) -> None:
+    def _capture_one(self, loop: CaptureLoop, path: str, budget: int) -> None:
         """Capture `budget`'s graph on `path`, unless the memory budget has no room for it or the capture runs out
         of memory: that budget's sub-batches then run the compiled forward at their own size."""
         max_items, max_frames = self.paths[path].capacity(budget)
-        key = f"{path}:{budget}"
-        if not self.memory.admits(key, budget, lambda: self._run_peak_bytes(path, budget)):
+
+        def capture(warmed) -> CapturedGraph:
+            forward, values = warmed
+            if self._pool is None:
+                self._pool = cuda_runtime.new_pool()
+            # capture_graph replays once: a graph that cannot run fails here, at start-up, not on a request
+            return capture_graph(lambda: forward(values), self._pool, held=values)
+
+        captured = loop.capture(f"{path}:{budget}", budget, capture,
+                                first_estimate=lambda: self._run_peak_bytes(path, budget),
+                                warm=lambda: self._forward_at(path, budget))
+        if captured is None:
             return
-        forward, values = self._forward_at(path, budget)
-        if self._pool is None:
-            self._pool = cuda_runtime.new_pool()
-        cuda_runtime.synchronize(self.device)
-        before = cuda_runtime.reserved_bytes(self.device)   # the pool's new segments: captures keep the cache
-        try:
-            graph, output = cuda_runtime.capture(lambda: forward(values), self._pool)
-            graph.replay()   # capture only records: a graph that cannot run fails here, at start-up, not on a request
-            cuda_runtime.synchronize(self.device)
-        except torch.OutOfMemoryError as error:
-            self.memory.out_of_memory(key, capture_failure(error))
-            return
-        if not isinstance(output, torch.Tensor):
+        if not isinstance(captured.outputs, torch.Tensor):
             raise TypeError(f"encoder_cudagraph_forward(path={path!r}) must return one tensor, got "
-                            f"{type(output).__name__}")
-        grown = cuda_runtime.reserved_bytes(self.device) - before
-        self.memory.captured(key, budget, grown)
-        self.graphs[path][budget] = BudgetGraphMetadata(path, budget, max_items, max_frames, graph, values, output,
-                                                        memory_bytes=max(0, grown))
+                            f"{type(captured.outputs).__name__}")
+        self.graphs[path][budget] = BudgetGraphMetadata(path, budget, max_items, max_frames, captured, captured.held,
+                                                        captured.outputs, memory_bytes=captured.memory_bytes)
         self.counters.add(cudagraph_captures=1)
 
     def _run_peak_bytes(self, path: str, budget: int) -> int:

@@ -32,6 +32,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from vgc import cuda_runtime
+from vgc.cudagraph.captured import capture_graph
 from vgc.cudagraph.runtime import capture_failure
 
 logger = logging.getLogger("vgc")
@@ -240,9 +241,7 @@ class _Sampler:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             try:
                 self._step()   # warm-up: the allocator and each kernel's first launch, outside the capture
-                graph, _ = cuda_runtime.capture(self._step, pool)
-                graph.replay()
-                self.graph = graph
+                self.graph = capture_graph(self._step, pool)
             except Exception as error:   # noqa: BLE001 - the same steps run without a graph
                 logger.warning("generate()'s sampler step could not be captured as a CUDA graph (%s); it runs "
                                "eagerly, with the same tokens", capture_failure(error))
