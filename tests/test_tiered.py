@@ -41,7 +41,7 @@ def test_a_cold_tiered_start_serves_at_once_then_swaps_in_the_compiled_model(tmp
     torch.testing.assert_close(out, eager, **FP32_TOL)
     assert "swapped in the compiled model after 2 calls" in caplog.text
     stats = compiled.stats()
-    assert stats["tier"] == "compiled" and stats["tier_calls"] == {"eager": 2, "compiled": 1}
+    assert stats["tier"] == "compiled" and stats["tier_calls"] == {"eager": 2, "graphs": 0, "compiled": 1}
     assert stats["warmed_up"] and compiled.trace_source == "saved"
     assert stats["seconds"]["background_compile"] > 0 and stats["seconds"]["swap"] > 0
     with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
@@ -99,8 +99,49 @@ def test_the_swap_mid_sequence_keeps_the_kv_cache_and_the_tokens_eagers(tmp_path
     compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", kv_caches=kv))
     tokens = greedy(model, compiled, cfg, kv, prompt, 12,
                     between=lambda i: i == 5 and compiled.wait_for_compile(timeout=600))
-    assert compiled.stats()["tier_calls"] == {"eager": 6, "compiled": 7}
+    assert compiled.stats()["tier_calls"] == {"eager": 6, "graphs": 0, "compiled": 7}
     assert tokens == expected
+
+
+def test_with_a_graph_mode_the_first_tier_serves_on_breakable_graphs_captured_on_demand(tmp_path, monkeypatch,
+                                                                                       simulated_capture):
+    """Where vgc.compile captures graphs, the first tier replays breakable graphs of the model's own forward (no
+    compiler): the first call runs eagerly, each later padded size is captured from the call that first needs
+    it, and replays after. The tokens stay eager's across the first tier and the swap (fp32, large weights;
+    CUDA graphs simulated on the CPU, the background compile a real child process). The model's inputs are
+    reported on CUDA until the swap: the swap's cache key would ask this CPU-only torch for its CUDA device."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    on_cuda = [True]
+    monkeypatch.setattr(vgc._compat, "device_from_inputs",
+                        lambda example_inputs: torch.device("cuda" if on_cuda[0] else "cpu"))
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    prompt = [7, 200, 12, 45, 9]
+    expected = greedy(model, model, cfg, llama.make_kv_caches(cfg), prompt, 10)
+
+    kv = llama.make_kv_caches(cfg)
+    compiled = vgc.compile(model, config={"cudagraph_mode": "piecewise", "cudagraph_capture_sizes": [2, 4, 8]},
+                           pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode, tiered=True)
+    assert compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill", kv_caches=kv))["tier"] == "eager"
+    graphs = compiled._first_graphs
+    assert graphs is not None and next(iter(graphs.dynamic)) == "input_ids"
+
+    def swap_at_step_6(i):
+        if i == 6:
+            assert compiled.wait_for_compile(timeout=600)
+            on_cuda[0] = False
+
+    tokens = greedy(model, compiled, cfg, kv, prompt, 10, between=swap_at_step_6)
+    assert tokens == expected
+    # the prompt (5 tokens) ran eagerly; the first decode step captured size 2 (one token, padded) and the next
+    # five replayed it; the swap came at step 7
+    assert sorted(graphs.graphs) == [2]
+    assert compiled.stats()["tier_calls"] == {"eager": 1, "graphs": 6, "compiled": 4}
+    assert compiled.tier == "compiled" and compiled._first_graphs is None
 
 
 class DataDependent(torch.nn.Module):
@@ -203,7 +244,8 @@ def test_a_copy_keeps_shapes_strides_and_small_values_not_weights():
 
 @pytest.mark.gpu
 def test_a_tiered_start_on_cuda_swaps_in_captured_graphs(tmp_path, monkeypatch):
-    """On CUDA the swap loads and captures FULL_AND_PIECEWISE graphs; calls before it are the model's own."""
+    """On CUDA the first tier replays breakable graphs of the model's own forward, and the swap loads and captures
+    FULL_AND_PIECEWISE graphs."""
     monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
     cfg = llama.tiny_config()
     model = llama.Llama(cfg).cuda()
@@ -214,10 +256,13 @@ def test_a_tiered_start_on_cuda_swaps_in_captured_graphs(tmp_path, monkeypatch):
                                           "cudagraph_capture_sizes": [1, 2, 4, 8]},
                            pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode, tiered=True)
     assert compiled.warmup(prefill, make_decode_inputs=decode)["tier"] == "eager"
+    cuda_fp32 = dict(atol=1e-4, rtol=1e-4)   # Inductor's CUDA kernels sum in another order (test_gpu.py's)
     with torch.no_grad():
         assert torch.equal(compiled(**decode(3)), model(**decode(3)))
+        for _ in range(3):   # the first tier's breakable graphs: size 4 captured from the first, then replayed
+            torch.testing.assert_close(compiled(**decode(3)), model(**decode(3)), **cuda_fp32)
+    assert compiled.stats()["tier_calls"]["graphs"] == 3
     assert compiled.wait_for_compile(timeout=600)
-    cuda_fp32 = dict(atol=1e-4, rtol=1e-4)   # Inductor's CUDA kernels sum in another order (test_gpu.py's)
     with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
         torch.testing.assert_close(compiled(**decode(3)), model(**decode(3)), **cuda_fp32)
         torch.testing.assert_close(compiled(**prefill(7)), model(**prefill(7)), **cuda_fp32)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from vgc import _compat
+from vgc import _compat, cuda_runtime
 from vgc.background_compile import BackgroundCompile, read_payload, write_result
 from vgc.capture import compile_ranges
 from vgc.capture.contract import (argument_specs, check_dynamic_arg_dims, DimSpec, dynamic_dims, InputContract,
@@ -27,6 +27,7 @@ from vgc.capture.paths import argument_tensors, InputMismatchError
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph import traffic
+from vgc.cudagraph.breakable_capture import BreakableGraphs
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.distributed import rank_and_size, RankFailedError, StartCheckIn
 from vgc.trace_once import TraceOnceBackend, TraceSession
@@ -75,7 +76,8 @@ class CompiledModel:
                              "their start check-in; start the ranks without it")
         self.tiered = tiered
         self.tier: str | None = None   # tiered: "eager" while the model itself serves, "compiled" after the swap
-        self._tier_calls = {"eager": 0, "compiled": 0}
+        self._tier_calls = {"eager": 0, "graphs": 0, "compiled": 0}
+        self._first_graphs: BreakableGraphs | None = None   # tiered, on CUDA: the first tier's graphs
         self._background: BackgroundCompile | None = None
         self.background_compile: str | None = None   # tiered: "running", "done" or "failed"
         self._pending_warmup: tuple | None = None   # the warmup() a swap runs, from the cache
@@ -142,9 +144,15 @@ class CompiledModel:
         if self._background is not None and self._background.done():
             self._swap(args, kwargs)
         if self.tier == "eager":
-            self._tier_calls["eager"] += 1
+            graphs = self._first_graphs
             with torch.no_grad():
-                return self.model(*args, **kwargs)
+                if graphs is None:
+                    self._tier_calls["eager"] += 1
+                    return self.model(*args, **kwargs)
+                eager = graphs.counters.eager_runs
+                out = graphs(*args, **kwargs)   # a replay, or a capture (whose first replay answers)
+            self._tier_calls["eager" if graphs.counters.eager_runs > eager else "graphs"] += 1
+            return out
         return self(*args, **kwargs)
 
     def _swap(self, args: tuple, kwargs: dict) -> None:
@@ -170,6 +178,7 @@ class CompiledModel:
                            "itself keeps serving", type(e).__name__, e)
         else:
             self.tier, self.background_compile = "compiled", "done"
+            self._first_graphs = None   # their memory goes back to the allocator
             self._seconds["swap"] = time.perf_counter() - start
             logger.info("tiered start: swapped in the compiled model after %d calls served by the model itself "
                         "(background compile %.1f s, load %.2f s)", self._tier_calls["eager"], background.seconds,
@@ -213,7 +222,37 @@ class CompiledModel:
             return self.stats()
         weakref.finalize(self, self._background.cleanup)   # a server that exits stops its compile
         self.tier, self.background_compile = "eager", "running"
+        self._first_graphs = self._first_tier_graphs(self._trace_size(trace_size), make_inputs, make_decode_inputs)
         return self.stats()
+
+    def _first_tier_graphs(self, size: int, *makers) -> BreakableGraphs | None:
+        """The first tier on breakable CUDA graphs of the model's own forward (no compiler: its own kernels, each
+        attention op between two segments), where `vgc.compile` captures graphs: on CUDA with a graph mode. A
+        padded size captures on its first call after the model's first (`capture_on_demand`). The dynamic dims
+        are `dynamic_arg_dims` (one dim each), else those in which `make_inputs` (and `make_decode_inputs`)
+        differ between two sizes (the one of extent `size` first). None: the model serves by itself."""
+        made = [[self._bind(*_as_call(make(n))) for n in (size, size + 1)] for make in makers if make is not None]
+        device = _compat.device_from_inputs([v for v in made[0][0].values() if isinstance(v, torch.Tensor)])
+        if self._graph_mode(device) == CUDAGraphMode.NONE or not cuda_runtime.graphs_supported(device):
+            return None
+        if self.dynamic_arg_dims is not None:
+            dims = {name: d for name, d in self.dynamic_arg_dims.items() if isinstance(d, int)}
+            dims = dims if len(dims) == len(self.dynamic_arg_dims) else None
+        else:
+            found = [_varying_dims(*pair, size) for pair in made]
+            dims = found[0] if all(found) and all(f.get(k, d) == d for f in found for k, d in found[0].items()) \
+                else None
+            for more in found[1:] if dims else ():   # a decode batch grows its per-sequence inputs too
+                dims.update(more)
+        if not dims:
+            logger.info("tiered start: the first tier runs without graphs (no argument of make_inputs grows in one "
+                        "dim with the size)")
+            return None
+        # Arguments that do not grow with the size (per-sequence ones, in a prefill) are not padded: a graph holds
+        # them where they are, or hands them to its breaks (attention) per call.
+        pad_values = None if self.pad_values is None else {k: v for k, v in self.pad_values.items() if k in dims}
+        return BreakableGraphs(self.model, dynamic_arg_dims=dims, capture_sizes=self._capture_sizes(),
+                               pad_values=pad_values, capture_on_demand=True)
 
     def _serve(self, arguments: dict[str, Any], args, kwargs):
         # Inference only: traced and run without autograd, whatever the caller's grad mode.
@@ -528,6 +567,22 @@ def compile_in_background(directory: str) -> None:
     compiled(*payload["args"], **payload["kwargs"])
     write_result(directory, {"trace_source": compiled.trace_source, "seconds": compiled._seconds,
                              "counters": counters.as_dict()})
+
+
+def _varying_dims(a: dict[str, Any], b: dict[str, Any], size: int) -> dict[str, int] | None:
+    """{argument: dim} of the tensors of two calls that differ in one dim (none when one differs in several),
+    the first whose dim has extent `size` in call `a` first."""
+    dims = {}
+    for name, x in a.items():
+        y = b.get(name)
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == y.dim():
+            changed = [d for d in range(x.dim()) if x.shape[d] != y.shape[d]]
+            if len(changed) > 1:
+                return None
+            if changed:
+                dims[name] = changed[0]
+    first = next((name for name, d in dims.items() if a[name].shape[d] == size), None)
+    return None if first is None else {first: dims.pop(first), **dims}
 
 
 def _as_call(inputs) -> tuple[tuple, dict]:

@@ -52,7 +52,7 @@ class BreakableGraphs:
 
     def __init__(self, model: Callable, *, dynamic_arg_dims: dict[str, int], capture_sizes: list[int] | None = None,
                  pad_values: dict[str, Any] | None = None, breaks=None,
-                 uniform_decode: Callable[[dict], bool] | None = None):
+                 uniform_decode: Callable[[dict], bool] | None = None, capture_on_demand: bool = False):
         self.model = model
         forward = model.forward if isinstance(model, torch.nn.Module) else model
         self._signature = inspect.signature(forward)
@@ -88,6 +88,11 @@ class BreakableGraphs:
         self.memory = GraphMemory()
         self._pool = None
         self._warmed = False   # a first capture ran the model before it
+        # Without a warm-up (a model serving at once, as a tiered start's first tier): a call whose padded size has
+        # no graph yet captures it, once the model has run a call eagerly (lazy initialisation done)
+        self.capture_on_demand = capture_on_demand
+        self._served = False
+        self._not_capturable: set[int] = set()   # on demand: sizes whose capture failed, run eagerly
         self._output_dims: list[tuple[int, ...]] | None = None
         self._eager_shapes: dict[int, list[torch.Size]] = {}
         self._warned: set[str] = set()
@@ -131,6 +136,7 @@ class BreakableGraphs:
             try:
                 self._pool = cuda_runtime.new_pool()
             except RuntimeError as error:
+                self.capture_on_demand = False
                 self._warn_once(f"no CUDA graph pool ({str(error).splitlines()[0]}; the inputs are on "
                                 f"{bound.arguments[self.size_arg].device}): calls run eagerly")
                 return False
@@ -171,7 +177,7 @@ class BreakableGraphs:
         if not self._pool_ready(bound):
             return self._eager(bound, None)
         loop = self._loop(bound)
-        with torch.no_grad(), loop.running():
+        with torch.no_grad(), loop.running(collect=not self.capture_on_demand):
             out = self._capture_size(loop, size, bound, self.graphs, self.breaks, self.breaks.modules_in(self.model),
                                      warm=False)
         self.seconds["capture"] = self.seconds.get("capture", 0.0) + loop.seconds
@@ -238,6 +244,9 @@ class BreakableGraphs:
                 if self.uniform_decode is not None and self.whole and self.uniform_decode(arguments):
                     entry = self.whole.get(padded)
                 entry = entry or self.graphs.get(padded)
+            if entry is None and self.capture_on_demand and self._served and padded in self.capture_sizes \
+                    and padded not in self._not_capturable:
+                return self._capture_padded(bound, size, padded)
             if entry is None or not all(self.static.fits(name, arguments[name], dim, padded, size)
                                         for name, dim in self.dynamic.items()):
                 return self._eager(bound, None)
@@ -256,9 +265,33 @@ class BreakableGraphs:
             self._warned.add(message)
             logger.warning("breakable CUDA graphs: %s", message)
 
+    def _capture_padded(self, bound: inspect.BoundArguments, size: int, padded: int):
+        """On demand: capture `padded` from this call (of `size`), padded into the static buffers; its output.
+        Buffers are sized once, for the largest capture size: a graph reads them where they were, so a later call
+        that needs more room than they have runs eagerly rather than move them."""
+        arguments = bound.arguments
+        for name, dim in self.dynamic.items():
+            if name not in self.static.buffers:
+                self.static.reserve(name, arguments[name], dim, size)
+        if not all(self.static.fits(name, arguments[name], dim, padded, size) for name, dim in self.dynamic.items()):
+            return self._eager(bound, None)
+        call = inspect.BoundArguments(self._signature, {**arguments, **self.static.pad_all(arguments, self.dynamic,
+                                                                                            padded - size)})
+        try:
+            out = self.capture(*call.args, **call.kwargs)
+        except BreakableCaptureError as error:   # the forward reads values on the host: no graph can hold it
+            self.capture_on_demand = False
+            self._warn_once(f"no graphs for this model ({error}); calls run eagerly")
+            return self._eager(bound, None)
+        if padded not in self.graphs:
+            self._not_capturable.add(padded)
+        dims = iter(self._output_dims) if self._output_dims is not None else None
+        return out if padded == size else slice_outputs(out, size, dims)
+
     def _eager(self, bound: inspect.BoundArguments, why: str | None):
         if why is not None:
             self._warn_once(f"a call runs eagerly: {why}")
+        self._served = True
         self.counters.add(eager_runs=1)
         return lengths_read_once(self.model)(*bound.args, **bound.kwargs)
 

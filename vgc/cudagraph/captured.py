@@ -21,7 +21,7 @@ import torch
 from vgc import _compat, log
 from vgc import cuda_runtime  # module attribute access: tests substitute capture() and the memory queries
 from vgc.cudagraph.memory import GraphMemory
-from vgc.cudagraph.runtime import capture_failure, frozen_gc
+from vgc.cudagraph.runtime import capture_failure, frozen_gc, paused_gc
 
 logger = logging.getLogger("vgc")
 
@@ -135,11 +135,12 @@ class CaptureLoop:
         self._bar = None
 
     @contextlib.contextmanager
-    def running(self, steps: int = 0):
-        """The loop: `steps` captures to come, shown on a progress bar (`log.progress`: once they take a while)."""
+    def running(self, steps: int = 0, collect: bool = True):
+        """The loop: `steps` captures to come, shown on a progress bar (`log.progress`: once they take a while).
+        `collect=False`: a capture made while serving, where a full collection first would stall the call."""
         start = time.perf_counter()
         bar = log.progress(steps, f"vgc: capturing {self.label}", unit="graph") if steps else contextlib.nullcontext()
-        with frozen_gc(), bar as self._bar:
+        with frozen_gc() if collect else paused_gc(), bar as self._bar:
             cuda_runtime.synchronize(self.device)
             cuda_runtime.reset_peak_memory(self.device)
             try:
