@@ -13,14 +13,20 @@ from vgc.models import llama
 from conftest import FP32_TOL
 
 
+def large_llama(cfg, seed: int):
+    """vgc's Llama with weights drawn N(0, 0.2): a wrong position or mask would show in its outputs and tokens."""
+    model = llama.Llama(cfg)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
 def test_a_cold_tiered_start_serves_at_once_then_swaps_in_the_compiled_model(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
     cfg = llama.tiny_config()
-    model = llama.Llama(cfg)
-    torch.manual_seed(0)
-    with torch.no_grad():   # large weights: a wrong position or mask would show in the outputs
-        for p in model.parameters():
-            p.normal_(0, 0.2)
+    model = large_llama(cfg, seed=0)
     kv = llama.make_kv_caches(cfg)
     make = lambda n: llama.make_batch(cfg, n, "prefill", kv_caches=kv)   # noqa: E731
 
@@ -86,11 +92,7 @@ def test_the_swap_mid_sequence_keeps_the_kv_cache_and_the_tokens_eagers(tmp_path
     restored, so the tokens after the swap are eager's (fp32, large weights)."""
     monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
     cfg = llama.tiny_config()
-    model = llama.Llama(cfg)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
+    model = large_llama(cfg, seed=1)
     prompt = [5, 17, 42, 8, 99, 3, 250, 64]
     expected = greedy(model, model, cfg, llama.make_kv_caches(cfg), prompt, 12)
 
@@ -115,11 +117,7 @@ def test_with_a_graph_mode_the_first_tier_serves_on_breakable_graphs_captured_on
     monkeypatch.setattr(vgc._compat, "device_from_inputs",
                         lambda example_inputs: torch.device("cuda" if on_cuda[0] else "cpu"))
     cfg = llama.tiny_config()
-    model = llama.Llama(cfg)
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
+    model = large_llama(cfg, seed=2)
     prompt = [7, 200, 12, 45, 9]
     expected = greedy(model, model, cfg, llama.make_kv_caches(cfg), prompt, 10)
 
