@@ -7,6 +7,8 @@ replay that reads a stale buffer, forgets a call's own sequence lengths, or miss
 a wrong answer here as on a GPU. tests/test_gpu.py captures real graphs.
 """
 
+import logging
+
 import pytest
 import torch
 import torch.nn as nn
@@ -428,3 +430,32 @@ def test_break_arguments_rebuild_as_pytree_would():
     # the plan is taken only where it is pytree's: a plain structure uses it, a named tuple does not
     assert _builder(((t, None), {"a": [t]}), *_compat.tree_flatten(((t, None), {"a": [t]}))).__code__ is not \
         _builder((point(t, t),), *_compat.tree_flatten((point(t, t),))).__code__
+
+
+@pytest.mark.parametrize("on_demand", [False, True], ids=["warmup", "on-demand"])
+def test_inputs_where_no_graph_runs_are_served_eagerly_even_when_torch_hands_out_a_pool(on_demand, tiny, monkeypatch,
+                                                                                        fresh_counters, caplog):
+    """A CUDA build of torch on a machine without a driver hands out a graph pool, and only its first synchronize
+    fails: the inputs' device is asked first, so CPU inputs run eagerly (one warning), never reaching a device call."""
+    from vgc import cuda_runtime
+
+    monkeypatch.setattr(cuda_runtime, "new_pool", lambda: object())   # what such a torch returns
+
+    def no_driver(*args):
+        raise AssertionError("a device call was made for CPU inputs")
+
+    for name in ("synchronize", "reserved_bytes", "reset_peak_memory", "peak_reserved_bytes", "capture"):
+        monkeypatch.setattr(cuda_runtime, name, no_driver)
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    graphs = breakable(model, dynamic_arg_dims=LLAMA_DIMS, capture_sizes=SIZES, pad_values=llama.PAD_VALUES)
+    with caplog.at_level(logging.WARNING, logger="vgc"), torch.no_grad():
+        if on_demand:
+            graphs.capture_on_demand = True
+        else:
+            assert graphs.warmup(lambda n: llama.make_batch(cfg, n, "prefill", kv_caches=kv))["capture_sizes"] == []
+        for n in (3, 4, 4):
+            torch.testing.assert_close(graphs(**llama.make_batch(cfg, n, "decode", kv_caches=kv)),
+                                       model(**llama.make_batch(cfg, n, "decode")), **FP32_TOL)
+    assert "where no CUDA graph runs: calls run eagerly" in caplog.text
+    assert graphs.counters.as_dict()["eager_runs"] == 3 and not graphs.capture_on_demand

@@ -132,6 +132,13 @@ class BreakableGraphs:
 
     def _pool_ready(self, bound: inspect.BoundArguments) -> bool:
         """The graphs' memory pool exists; False (warned once: calls run eagerly) where torch has no CUDA."""
+        device = bound.arguments[self.size_arg].device
+        if not cuda_runtime.graphs_supported(device):
+            # asked first: a CUDA build of torch on a machine without a driver hands out a pool, and the first
+            # synchronize then raises
+            self.capture_on_demand = False
+            self._warn_once(f"the inputs are on {device}, where no CUDA graph runs: calls run eagerly")
+            return False
         if self._pool is None:
             try:
                 self._pool = cuda_runtime.new_pool()
