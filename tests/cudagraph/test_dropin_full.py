@@ -30,6 +30,18 @@ def _check_step(cfg, model, compiled, n, kind, kv, seed):
     return out
 
 
+def _steps(tiny, mode: str, kind: str, seeds: int):
+    """The tiny Llama under drop-in `mode`, `seeds` checked calls of 8 tokens of `kind`; (cfg, model, compiled,
+    its KV caches)."""
+    cfg, model = tiny
+    kv = llama.make_kv_caches(cfg)
+    compiled = _dropin(model, mode)
+    with torch.no_grad():
+        for seed in range(seeds):
+            _check_step(cfg, model, compiled, 8, kind, kv, seed)
+    return cfg, model, compiled, kv
+
+
 @pytest.mark.parametrize("mode", ["full", "full_and_piecewise"])
 def test_full_graph_replays_new_inputs_and_writes_the_callers_kv_cache(mode, tiny, simulated_cuda):
     counters = simulated_cuda
@@ -130,12 +142,7 @@ def test_a_few_tokens_per_sequence_get_a_full_graph(tiny, simulated_cuda):
     """A short prefill (4 sequences of 2 tokens, the shape of speculative decoding with one draft token) is
     captured whole: attention finds each token's sequence on the device."""
     counters = simulated_cuda
-    cfg, model = tiny
-    kv = llama.make_kv_caches(cfg)
-    compiled = _dropin(model, "full")
-    with torch.no_grad():
-        for seed in range(4):
-            _check_step(cfg, model, compiled, 8, "prefill", kv, seed)
+    _steps(tiny, "full", "prefill", seeds=4)
     assert counters.cudagraph_captures == 1 and counters.cudagraph_replays == 2
 
 
@@ -211,12 +218,8 @@ def _bad_ids(batch, cfg):
 def test_a_full_graph_replay_checks_token_ids_first(tiny, simulated_cuda):
     """A replay skips the compiled forward, so the id check sits outside the graphs: an id outside the embedding is
     an IndexError (the compiled kernel would abort the process on CPU, and poison the CUDA context on a GPU)."""
-    cfg, model = tiny
-    kv = llama.make_kv_caches(cfg)
-    compiled = _dropin(model, "full")
+    cfg, model, compiled, kv = _steps(tiny, "full", "decode", seeds=3)
     with torch.no_grad():
-        for seed in range(3):
-            _check_step(cfg, model, compiled, 8, "decode", kv, seed)
         with pytest.raises(IndexError, match="input_ids holds ids"):
             compiled(**_bad_ids(llama.make_batch(cfg, 8, "decode", kv_caches=kv), cfg))
         _check_step(cfg, model, compiled, 8, "decode", kv, 4)
