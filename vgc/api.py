@@ -27,7 +27,7 @@ from vgc.capture.paths import argument_tensors, InputMismatchError
 from vgc.config import CompilationConfig, CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph import traffic
-from vgc.cudagraph.breakable_capture import BreakableGraphs
+from vgc.cudagraph.breakable_capture import BreakableGraphs, growing_dims
 from vgc.cudagraph.dispatch import GraphDispatcher
 from vgc.distributed import rank_and_size, RankFailedError, StartCheckIn
 from vgc.trace_once import TraceOnceBackend, TraceSession
@@ -222,7 +222,11 @@ class CompiledModel:
             return self.stats()
         weakref.finalize(self, self._background.cleanup)   # a server that exits stops its compile
         self.tier, self.background_compile = "eager", "running"
-        self._first_graphs = self._first_tier_graphs(self._trace_size(trace_size), make_inputs, make_decode_inputs)
+        try:
+            self._first_graphs = self._first_tier_graphs(self._trace_size(trace_size), make_inputs,
+                                                         make_decode_inputs)
+        except Exception as e:   # noqa: BLE001 - graphs are the first tier's speed, never its correctness
+            logger.warning("tiered start: the first tier runs without graphs (%s: %s)", type(e).__name__, e)
         return self.stats()
 
     def _first_tier_graphs(self, size: int, *makers) -> BreakableGraphs | None:
@@ -239,11 +243,7 @@ class CompiledModel:
             dims = {name: d for name, d in self.dynamic_arg_dims.items() if isinstance(d, int)}
             dims = dims if len(dims) == len(self.dynamic_arg_dims) else None
         else:
-            found = [_varying_dims(*pair, size) for pair in made]
-            dims = found[0] if all(found) and all(f.get(k, d) == d for f in found for k, d in found[0].items()) \
-                else None
-            for more in found[1:] if dims else ():   # a decode batch grows its per-sequence inputs too
-                dims.update(more)
+            dims = growing_dims(made, size)
         if not dims:
             logger.info("tiered start: the first tier runs without graphs (no argument of make_inputs grows in one "
                         "dim with the size)")
@@ -567,22 +567,6 @@ def compile_in_background(directory: str) -> None:
     compiled(*payload["args"], **payload["kwargs"])
     write_result(directory, {"trace_source": compiled.trace_source, "seconds": compiled._seconds,
                              "counters": counters.as_dict()})
-
-
-def _varying_dims(a: dict[str, Any], b: dict[str, Any], size: int) -> dict[str, int] | None:
-    """{argument: dim} of the tensors of two calls that differ in one dim (none when one differs in several),
-    the first whose dim has extent `size` in call `a` first."""
-    dims = {}
-    for name, x in a.items():
-        y = b.get(name)
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == y.dim():
-            changed = [d for d in range(x.dim()) if x.shape[d] != y.shape[d]]
-            if len(changed) > 1:
-                return None
-            if changed:
-                dims[name] = changed[0]
-    first = next((name for name, d in dims.items() if a[name].shape[d] == size), None)
-    return None if first is None else {first: dims.pop(first), **dims}
 
 
 def _as_call(inputs) -> tuple[tuple, dict]:

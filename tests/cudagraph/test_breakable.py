@@ -459,3 +459,23 @@ def test_inputs_where_no_graph_runs_are_served_eagerly_even_when_torch_hands_out
                                        model(**llama.make_batch(cfg, n, "decode")), **FP32_TOL)
     assert "where no CUDA graph runs: calls run eagerly" in caplog.text
     assert graphs.counters.as_dict()["eager_runs"] == 3 and not graphs.capture_on_demand
+
+
+def test_growing_dims_are_read_from_calls_at_two_sizes():
+    """What a tiered start's first tier pads, from make_inputs: the token inputs grow in a prefill, the
+    per-sequence ones too in a decode batch; the call's size first."""
+    from vgc.cudagraph.breakable_capture import growing_dims
+
+    cfg = llama.tiny_config()
+    kv = llama.make_kv_caches(cfg)
+    pair = lambda kind: tuple(llama.make_batch(cfg, n, kind, kv_caches=kv) for n in (16, 17))   # noqa: E731
+    prefill = growing_dims([pair("prefill")], 16)
+    assert prefill == {"input_ids": 0, "positions": 0, "slot_mapping": 0}
+    both = growing_dims([pair("prefill"), pair("decode")], 16)
+    assert next(iter(both)) == "input_ids" and set(both) == set(llama.PAD_VALUES)
+    assert all(d == 0 for d in both.values())
+    square = {"x": torch.zeros(16, 16)}, {"x": torch.zeros(17, 17)}   # grows in two dims: no single one
+    assert growing_dims([square], 16) is None
+    across = {"x": torch.zeros(16, 3)}, {"x": torch.zeros(17, 3)}
+    along = {"x": torch.zeros(3, 16)}, {"x": torch.zeros(3, 17)}
+    assert growing_dims([across, along], 16) is None   # two kinds of call disagree on the dim

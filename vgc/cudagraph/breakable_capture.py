@@ -321,6 +321,35 @@ def _replay_once(entry: SegmentedReplay, inputs: dict, leaves: dict):
     return entry.replay(inputs, leaves)
 
 
+def growing_dims(pairs: list[tuple[dict, dict]], size: int) -> dict[str, int] | None:
+    """`dynamic_arg_dims` read from example calls: per pair of calls (their arguments by name) at `size` and at a
+    larger size, the tensors that differ in exactly one dim, the first whose dim has extent `size` first (the
+    call's size). Pairs of several kinds of call (prefill, decode) add up: a decode batch grows its per-sequence
+    inputs too. None when a tensor differs in several dims, no tensor has extent `size` there, or two pairs
+    disagree on an argument's dim."""
+    found = []
+    for a, b in pairs:
+        dims = {}
+        for name, x in a.items():
+            y = b.get(name)
+            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == y.dim():
+                changed = [d for d in range(x.dim()) if x.shape[d] != y.shape[d]]
+                if len(changed) > 1:
+                    return None
+                if changed:
+                    dims[name] = changed[0]
+        first = next((name for name, d in dims.items() if a[name].shape[d] == size), None)
+        if first is None:
+            return None
+        found.append({first: dims.pop(first), **dims})
+    merged = dict(found[0]) if found else None
+    for dims in found[1:]:
+        if any(merged.get(name, d) != d for name, d in dims.items()):
+            return None
+        merged.update(dims)
+    return merged
+
+
 def breakable(model: Callable, *, dynamic_arg_dims: dict[str, int], capture_sizes: list[int] | None = None,
               pad_values: dict[str, Any] | None = None, breaks=None,
               uniform_decode: Callable[[dict], bool] | None = None) -> BreakableGraphs:
