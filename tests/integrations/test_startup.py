@@ -99,3 +99,28 @@ def test_a_warm_process_loads_the_flat_forwards_saved_trace(tmp_path):
     cold, warm = runs
     assert cold["source"] == "traced" and warm["source"] == "saved", runs
     assert warm["traces"] == 0 and warm["compiles"] == 0 and warm["tokens"] == cold["tokens"], runs
+
+
+def test_a_tiered_generate_serves_its_first_tier_on_breakable_graphs(tmp_path, monkeypatch, simulated_capture):
+    """Where graphs run (CUDA, simulated here: the flat forward's inputs reported on CUDA until the swap, whose
+    cache key would ask this CPU-only torch for its device), the first tier's decode steps replay breakable
+    graphs of the model's own flat forward, and the tokens stay eager's across them and the swap."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    on_cuda = [True]
+    monkeypatch.setattr(vgc._compat, "device_from_inputs",
+                        lambda example_inputs: torch.device("cuda" if on_cuda[0] else "cpu"))
+    want = _generate(_build())
+    model = vgc_transformers.compile(_build(), max_batch_size=2, max_cache_len=64, tiered=True)
+
+    class SwapOnTheCpu(SwapAfter):
+        def __call__(self, input_ids, scores):
+            if self.calls + 1 == self.step:
+                on_cuda[0] = False
+            return super().__call__(input_ids, scores)
+
+    first = _generate(model, logits_processor=transformers.LogitsProcessorList([SwapOnTheCpu(model, 6)]))
+    assert first == want and _generate(model) == want
+    calls = model.vgc.stats()["tier_calls"]
+    # the prefill eager, five decode steps on first-tier graphs (the first one captured), the rest compiled
+    assert calls["eager"] == 1 and calls["graphs"] == 5, calls
+    assert model.vgc.stats()["tier"] == "compiled"
