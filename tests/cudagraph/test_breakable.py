@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import vgc
 from vgc.cudagraph import breakable, BreakableCaptureError
-from vgc.cudagraph.breakable_capture import DEFAULT_BREAKS
+from vgc.cudagraph.breakable_capture import BreakableGraphs, DEFAULT_BREAKS
 from vgc.models import llama
 from conftest import FP32_TOL, hf_llama
 
@@ -479,3 +479,18 @@ def test_growing_dims_are_read_from_calls_at_two_sizes():
     across = {"x": torch.zeros(16, 3)}, {"x": torch.zeros(17, 3)}
     along = {"x": torch.zeros(3, 16)}, {"x": torch.zeros(3, 17)}
     assert growing_dims([across, along], 16) is None   # two kinds of call disagree on the dim
+
+
+def test_on_demand_a_refused_capture_turns_capture_off_and_serves_eagerly(simulated_capture, caplog):
+    """A tiered start's first tier captures while serving: a forward a graph cannot hold (a host read inside a
+    segment) answers that call eagerly, warns once, and captures nothing after (never the wrong answer)."""
+    model = ItemBetweenLayers().eval()
+    graphs = BreakableGraphs(model, dynamic_arg_dims={"x": 0}, capture_sizes=[4, 8], pad_values={"x": 0},
+                             capture_on_demand=True)
+    with caplog.at_level(logging.WARNING, logger="vgc"), torch.no_grad():
+        for n in (3, 3, 5, 4):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(graphs(x), model(x), **FP32_TOL)
+    assert not graphs.capture_on_demand and graphs.graphs == {}
+    assert graphs.counters.as_dict()["eager_runs"] == 4
+    assert caplog.text.count("no graphs for this model") == 1 and ".item()" in caplog.text
