@@ -101,6 +101,7 @@ def test_a_warm_process_loads_the_flat_forwards_saved_trace(tmp_path):
     assert warm["traces"] == 0 and warm["compiles"] == 0 and warm["tokens"] == cold["tokens"], runs
 
 
+@pytest.mark.extended   # a second background compile (~30 s); the suite keeps its own tiered generate()
 def test_a_tiered_generate_serves_its_first_tier_on_breakable_graphs(tmp_path, monkeypatch, simulated_capture):
     """Where graphs run (CUDA, simulated here: the flat forward's inputs reported on CUDA until the swap, whose
     cache key would ask this CPU-only torch for its device), the first tier's decode steps replay breakable
