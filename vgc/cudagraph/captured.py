@@ -90,12 +90,14 @@ class CapturedGraph:
         return self.outputs
 
 
-def capture_graph(fn: Callable, pool, **contract) -> CapturedGraph:
+def capture_graph(fn: Callable, pool, *, replay: bool = True, **contract) -> CapturedGraph:
     """Record `fn()` into a graph in `pool` and replay it once: capturing only records, so the capturing call's
-    results (and a graph that cannot run) come from that first replay. `contract`: `CapturedGraph`'s keywords,
-    `args` the capturing call (its pinned tensors' addresses are the graph's)."""
+    results (and a graph that cannot run) come from that first replay. `replay=False`: the caller replays it once
+    it has decided to keep the graph (a replay writes the tensors the graph writes in place). `contract`:
+    `CapturedGraph`'s keywords, `args` the capturing call (its pinned tensors' addresses are the graph's)."""
     graph, outputs = cuda_runtime.capture(fn, pool)
-    graph.replay()
+    if replay:
+        graph.replay()
     return CapturedGraph(graph, outputs, **contract)
 
 

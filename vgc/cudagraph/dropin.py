@@ -198,8 +198,8 @@ class DropInGraphs:
             inputs[i] = args[i].clone()
         try:
             with paused_gc(), bypass_piece_graphs():
-                # Capturing only records: this call's results come from the first replay (capture_graph's)
-                captured = capture_graph(lambda: self.forward(*inputs), self.runtime.pool(), held=inputs, args=inputs,
+                captured = capture_graph(lambda: self.forward(*inputs), self.runtime.pool(), replay=False,
+                                         held=inputs, args=inputs,
                                          pinned_at=self.inputs.pinned, pinned_of=self._pinned_of,
                                          copy_targets=[inputs[i] for i in copied], copy_of=self._copied_of,
                                          mirror_targets=[inputs[i] for i in self.inputs.mirrored],
@@ -220,7 +220,10 @@ class DropInGraphs:
                 self._tell(f"{self.label}: the graph returns a view of its input {self.inputs.names[i]}, which "
                            "a FULL graph reads from a copy; it runs on PIECEWISE graphs")
                 return self.forward(*args)
-        if captured.mirror_targets:   # the first replay's writes go back to the caller's tensors
+        # Capturing only records: this call's results come from the first replay, and the mirrored inputs' writes
+        # go back to the caller's tensors.
+        captured.graph.replay()
+        if captured.mirror_targets:
             _compat.copy_many(list(self._mirrored_of(args)), captured.mirror_targets)
         self.entries[key] = captured
         self._moves[key] = entry.moves
