@@ -264,8 +264,13 @@ class BreakableGraphs:
                 return self._eager(bound, why)
             out = _replay_once(entry, inputs, leaves)
             self.counters.add(cudagraph_replays=1)
-        dims = iter(self._output_dims) if self._output_dims is not None else None
-        return out if padded == size else slice_outputs(out, size, dims)
+        return self._unpadded(out, padded, size)
+
+    def _unpadded(self, out, padded: int, size: int):
+        """A padded call's outputs cut back to its own size (the learned output dims)."""
+        if padded == size:
+            return out
+        return slice_outputs(out, size, iter(self._output_dims) if self._output_dims is not None else None)
 
     def _warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -292,8 +297,7 @@ class BreakableGraphs:
             return self._eager(bound, None)
         if padded not in self.graphs:
             self._not_capturable.add(padded)
-        dims = iter(self._output_dims) if self._output_dims is not None else None
-        return out if padded == size else slice_outputs(out, size, dims)
+        return self._unpadded(out, padded, size)
 
     def _eager(self, bound: inspect.BoundArguments, why: str | None):
         if why is not None:
