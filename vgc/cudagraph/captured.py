@@ -82,7 +82,7 @@ class CapturedGraph:
         """Copy the call's inputs into the graph's buffers, replay, copy the mirrored buffers back; returns the
         outputs (graph memory: the next replay overwrites them). A graph without copied inputs needs no `args`."""
         if self.copy_targets:
-            _compat.copy_many(self.copy_targets, list(self.copy_of(args)))
+            _compat.copy_many(self.copy_targets, self.copy_of(args))   # a tuple: no list built per replay
         self.graph.replay()
         self.replays += 1
         if self.mirror_targets:
