@@ -93,6 +93,12 @@ def pdl() -> bool:
     return _flag("PDL", default=True)
 
 
+def load_without_compiler() -> bool:
+    """VGC_LOAD_WITHOUT_COMPILER (default 1): a saved artifact loads with Inductor's compiler modules stood in for
+    (`vgc/_compat/inductor_load.py`), so a warm start does not import them; 0: torch's ordinary load."""
+    return _flag("LOAD_WITHOUT_COMPILER", default=True)
+
+
 def triton_interpret() -> bool:
     """TRITON_INTERPRET=1: Triton kernels run in its CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "").strip() == "1"

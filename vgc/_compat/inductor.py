@@ -6,11 +6,16 @@ Part of `vgc._compat`: every private torch API vgc uses (see its docstring)."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch.fx as fx
+
+from vgc._compat.inductor_load import deferred_compiler
+
+logger = logging.getLogger("vgc")
 
 
 # ---- Inductor: standalone compile, artifacts, configuration, custom passes, its in-memory caches ------------------
@@ -24,10 +29,21 @@ def standalone_compile(gm: fx.GraphModule, example_inputs: list, *, dynamic_shap
     return _standalone_compile(gm, example_inputs, **kwargs)
 
 
-def load_artifact(path: str, fmt: str):
-    """A CompiledArtifact saved by `standalone_compile`'s result, loaded (private `torch._inductor`)."""
+def load_artifact(path: str, fmt: str, extern_kernels: Iterable[str] | None = None):
+    """A CompiledArtifact saved by `standalone_compile`'s result, loaded (private `torch._inductor`).
+
+    With `extern_kernels` (what `torch_extern_kernels()` answered where it was saved), it loads with Inductor's
+    compiler modules deferred (`inductor_load`), and the ordinary way where that fails: the second load reports
+    what is wrong with the file, if anything is."""
     from torch._inductor import CompiledArtifact
 
+    if extern_kernels is not None:
+        try:
+            with deferred_compiler(extern_kernels):
+                return CompiledArtifact.load(path=path, format=fmt)
+        except Exception as e:  # noqa: BLE001  the ordinary load below decides
+            logger.debug("artifact %s: a load without Inductor's compiler failed (%s: %s); loading it with it",
+                         path, type(e).__name__, e)
     return CompiledArtifact.load(path=path, format=fmt)
 
 

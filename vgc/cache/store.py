@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 
 from filelock import FileLock
 
-from vgc import _compat
+from vgc import _compat, envs
 from vgc.cache import json_data, kernel_hashes, recovery
 from vgc.cache.layout import ARTIFACT_DIR, atomic_write, FACTORS_FILE, INDEX_FILE, LOCK_DIR, make_private_dirs
 from vgc.log import warn_once
@@ -29,6 +29,15 @@ logger = logging.getLogger("vgc")
 
 # Errors that say the disk or the directory cannot take a write: the process goes on without saving.
 _UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+def _extern_kernels(record: dict[str, Any]) -> list[str] | None:
+    """The torch functions the saving process found under Inductor's `extern_kernels`, for a load that defers
+    Inductor's compiler; None (the ordinary load) for a record without them or with `VGC_LOAD_WITHOUT_COMPILER=0`."""
+    names = record.get("extern_kernels")
+    if not envs.load_without_compiler() or not isinstance(names, list):
+        return None
+    return [n for n in names if isinstance(n, str)]
+
+
 def _describe(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return f"{error.strerror}" + (f": {error.filename}" if error.filename else "")
@@ -324,7 +333,7 @@ class ArtifactStore:
         if problem is None:
             start = time.perf_counter()
             try:
-                artifact = self._load_artifact(path)
+                artifact = self._load_artifact(path, _extern_kernels(record))
             except Exception as e:  # e.g. a different torch build: the file asserts its build key
                 unwritable = _unwritable_disk_in(e)
                 if unwritable is None:
@@ -352,15 +361,15 @@ class ArtifactStore:
         self.kernel_root = None
         self.saving = False
 
-    def _load_artifact(self, path: Path) -> Any:
+    def _load_artifact(self, path: Path, extern_kernels: list[str] | None) -> Any:
         """Load a checked artifact; once more after removing the kernel files a failed load named (a 0-byte `.so`
         left by a killed compile), so that a damaged kernel costs a rebuild of that kernel, not a recompile."""
         try:
-            return _compat.load_artifact(str(path), self.format)
+            return _compat.load_artifact(str(path), self.format, extern_kernels)
         except Exception as error:
             if self.kernel_root is None or not recovery.remove_suspects(error, self.kernel_root):
                 raise
-        return _compat.load_artifact(str(path), self.format)
+        return _compat.load_artifact(str(path), self.format, extern_kernels)
 
     def save(self, name: str, artifact: Any, meta: dict[str, Any]) -> None:
         path = self.artifact_path(name)
@@ -379,7 +388,8 @@ class ArtifactStore:
             self._remove(old)
         else:
             os.replace(tmp, path)  # a directory rename is atomic too: readers never see half an unpacked dir
-        record.update(meta, file=path.name, format=self.format, created=time.time())
+        record.update(meta, file=path.name, format=self.format, created=time.time(),
+                      extern_kernels=_compat.torch_extern_kernels())
         record[BINDING] = index_binding(self.directory)
         self._update_index(name, record)
         if self.kernel_root is not None:   # the kernels this artifact's compile built are under the root now
