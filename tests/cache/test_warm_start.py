@@ -55,8 +55,8 @@ MODEL_SOURCE = textwrap.dedent('''
 SDPA_SPLIT = json.dumps({"splitting_ops": ["aten::scaled_dot_product_attention"]})
 
 
-def run_worker(root, model_file=None):
-    env = dict(os.environ, VGC_CACHE_ROOT=str(root))
+def run_worker(root, model_file=None, **env_vars):
+    env = dict(os.environ, VGC_CACHE_ROOT=str(root), **env_vars)
     cmd = [sys.executable, WORKER] + (["--model-file", str(model_file)] if model_file else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -91,6 +91,21 @@ def test_warm_process_makes_no_trace_and_no_inductor_call(user_model):
     assert not warm["warnings"]
 
 
+def test_a_warm_process_serves_without_importing_inductors_compiler(user_model, tmp_path):
+    """Its artifacts load with the compiler's modules stood in for (`vgc/_compat/inductor_load.py`); the model's
+    linear layers still call Inductor's `extern_kernels` (torch's addmm), answered without `select_algorithm`.
+    Torch's ordinary load (`VGC_LOAD_WITHOUT_COMPILER=0`) imports them, from a copy of the same root."""
+    root, model_file, cold, warm = user_model
+    assert "torch._inductor.select_algorithm" in cold["compiler_modules"]
+    assert warm["compiler_modules"] == [] and warm["counters"]["artifacts_loaded"] > 0
+    assert warm["max_diff"] < 1e-4
+    copy = tmp_path / "root"
+    shutil.copytree(root, copy)
+    ordinary = run_worker(copy, model_file, VGC_LOAD_WITHOUT_COMPILER="0")
+    assert {"torch._inductor.select_algorithm", "torch._inductor.compile_fx"} <= set(ordinary["compiler_modules"])
+    assert ordinary["counters"]["inductor_compiles"] == 0 and ordinary["max_diff"] < 1e-4
+
+
 # An unmodified transformers model: transformers 5 decorates its forward (`check_model_inputs`, `can_return_tuple`).
 HF_MODEL_SOURCE = textwrap.dedent('''
     import torch
@@ -123,6 +138,7 @@ def test_an_unmodified_transformers_model_loads_its_saved_trace_in_the_next_proc
     assert warm["counters"]["dynamo_traces"] == 0 and warm["counters"]["inductor_compiles"] == 0
     assert cold["max_diff"] < 1e-4 and warm["max_diff"] < 1e-4   # against eager, batch sizes 1, 3, 16, 21
     assert not [w for w in warm["warnings"] if "trace" in w]
+    assert warm["compiler_modules"] == []
 
 
 def test_edited_model_source_misses_and_is_correct(user_model, tmp_path):

@@ -3,7 +3,7 @@ report as JSON. The model comes from a file (`--model-file`, defining `build()` 
 reference decoder.
 
 usage: python warm_worker.py [--model-file PATH] [--outputs PATH] [--config JSON] [--layers N]   (the cache root comes from
-VGC_CACHE_ROOT; --outputs saves the compiled outputs, for comparing processes exactly; --config: CompilationConfig
+VGC_CACHE_ROOT; the report names the compiler modules the process imported; --outputs saves the compiled outputs, for comparing processes exactly; --config: CompilationConfig
 fields)
 """
 
@@ -16,6 +16,11 @@ import torch
 
 import vgc
 from cache_worker import WarningRecorder
+
+# Inductor's compiler: what a warm start has no use for (`vgc/_compat/inductor_load.py`)
+COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.select_algorithm", "torch._inductor.graph",
+                    "torch._inductor.lowering", "torch._inductor.decomposition", "torch._inductor.debug",
+                    "torch._inductor.scheduler", "torch._inductor.codegen.memory_planning")
 
 
 def load_model_file(path: str):
@@ -60,8 +65,10 @@ def main() -> None:
             outputs[n] = out.clone()
     if args.outputs:
         torch.save(outputs, args.outputs)
+    compiler = [m for m in COMPILER_MODULES if m in sys.modules]
     print(json.dumps({"counters": vgc.counters.as_dict(), "trace_source": compiled.trace_source,
-                      "max_diff": max_diff, "seconds": report["seconds"], "warnings": warnings.messages}))
+                      "max_diff": max_diff, "seconds": report["seconds"], "warnings": warnings.messages,
+                      "compiler_modules": compiler}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""Loading an Inductor artifact with the compiler's modules stood in for (`vgc/_compat/inductor_load.py`): the
+loaded code answers as the compiled one did, the compiler is not imported, the stand-ins leave no trace, other
+threads and other names get the real modules, and a load that fails that way loads the ordinary way.
+
+Each check runs in a fresh process: the test process has imported the compiler long ago."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+COMPILE = textwrap.dedent('''
+    import sys, torch
+    from vgc import _compat
+
+    class Layer(torch.nn.Module):
+        def forward(self, x, w, b):
+            return torch.relu(torch.addmm(b, x, w)) + x @ w
+
+    gm = torch.fx.symbolic_trace(Layer())
+    inputs = [torch.randn(5, 8), torch.randn(8, 8), torch.randn(8)]
+    artifact = _compat.standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs", config_patches={})
+    _compat.save_artifact(artifact, sys.argv[1], "binary")
+    print(sorted(_compat.torch_extern_kernels()))
+''')
+
+PRELUDE = textwrap.dedent('''
+    import json, sys, threading, torch
+    from vgc import _compat
+    from vgc._compat import inductor_load
+
+    COMPILER = ("torch._inductor.compile_fx", "torch._inductor.select_algorithm", "torch._inductor.graph",
+                "torch._inductor.lowering", "torch._inductor.decomposition", "torch._inductor.debug",
+                "torch._inductor.codegen.memory_planning")
+
+    def imported():
+        return [m for m in COMPILER if m in sys.modules]
+
+    def stand_ins():
+        return [n for n, m in sys.modules.items() if isinstance(m, inductor_load._StandIn)]
+
+    def check(artifact):
+        torch.manual_seed(1)
+        x, w, b = torch.randn(5, 8), torch.randn(8, 8), torch.randn(8)
+        out = artifact(x, w, b)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return (out - (torch.relu(torch.addmm(b, x, w)) + x @ w)).abs().max().item()
+
+    report = {}
+''')
+
+
+def run(code, *args, env=None):
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **(env or {})))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    """(path, recorded extern kernel names, environment) of one artifact compiled in a child process."""
+    work = tmp_path_factory.mktemp("light_load")
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
+    path = work / "layer.bin"
+    names = run(COMPILE, str(path), env=env)
+    return str(path), json.loads(names.replace("'", '"')), env
+
+
+def test_the_compiling_process_records_the_torch_functions_under_extern_kernels(artifact):
+    _, names, _ = artifact
+    assert {"mm", "addmm", "bmm"} <= set(names)
+    assert "bias_addmm" not in names   # Inductor's own function, not torch's
+
+
+def test_an_artifact_loads_and_answers_without_importing_the_compiler(artifact):
+    path, names, env = artifact
+    report = json.loads(run(PRELUDE + textwrap.dedent('''
+        loaded = _compat.load_artifact(sys.argv[1], "binary", json.loads(sys.argv[2]))
+        report["diff"] = check(loaded)
+        report["imported"], report["stand_ins"] = imported(), stand_ins()
+        import torch._inductor.select_algorithm as real   # a later compile gets the real modules
+        report["real"] = hasattr(real, "AlgorithmSelectorCache") and real.extern_kernels.mm is torch.mm
+        report["diff_after"] = check(loaded)
+        print(json.dumps(report))
+    '''), path, json.dumps(names), env=env))
+    assert report["diff"] < 1e-5 and report["diff_after"] < 1e-5   # fp32, against torch's own ops
+    assert report["imported"] == [] and report["stand_ins"] == []
+    assert report["real"]
+
+
+def test_the_ordinary_load_imports_the_compiler(artifact):
+    """What the check above would see without the stand-ins: the test can fail."""
+    path, _, env = artifact
+    report = json.loads(run(PRELUDE + textwrap.dedent('''
+        loaded = _compat.load_artifact(sys.argv[1], "binary", None)
+        report["diff"] = check(loaded)
+        report["imported"] = imported()
+        print(json.dumps(report))
+    '''), path, env=env))
+    assert report["diff"] < 1e-5
+    assert {"torch._inductor.select_algorithm", "torch._inductor.compile_fx"} <= set(report["imported"])
+
+
+def test_a_load_that_fails_with_stand_ins_loads_the_ordinary_way(artifact):
+    path, names, env = artifact
+    report = json.loads(run(PRELUDE + textwrap.dedent('''
+        def broken(self, name, answers):
+            raise RuntimeError("a torch that loads differently")
+        inductor_load._Window.place = broken
+        loaded = _compat.load_artifact(sys.argv[1], "binary", json.loads(sys.argv[2]))
+        report["diff"], report["stand_ins"] = check(loaded), stand_ins()
+        print(json.dumps(report))
+    '''), path, json.dumps(names), env=env))
+    assert report["diff"] < 1e-5 and report["stand_ins"] == []
+
+
+def test_stand_ins_answer_only_their_thread_and_names():
+    report = json.loads(run(PRELUDE + textwrap.dedent('''
+        kernels = inductor_load.TorchKernels(["mm", "not a name", 3, "_private", "__class__"])
+        report["mm"] = kernels.mm is torch.mm
+        with inductor_load.deferred_compiler(["mm"]):
+            from torch._inductor.graph import GraphLowering as mine
+            report["mine"] = mine is inductor_load._NoOutputCodeHook
+            seen = {}
+            def other():
+                from torch._inductor.graph import GraphLowering
+                seen["class"] = GraphLowering
+            thread = threading.Thread(target=other); thread.start(); thread.join()
+            report["other_real"] = seen["class"] is not inductor_load._NoOutputCodeHook and \\
+                hasattr(seen["class"], "run")
+            # the real module imported, every stand-in left: this thread now gets the real one too
+            report["stand_ins_after_real"] = stand_ins()
+            from torch._inductor.graph import GraphLowering as after
+            report["after_real"] = after is seen["class"]
+        report["unrecorded"] = kernels.bias_addmm.__module__   # from the real namespace, on first use
+        print(json.dumps(report))
+    ''')))
+    assert report["mm"] and report["mine"] and report["other_real"] and report["after_real"]
+    assert report["stand_ins_after_real"] == []
+    assert report["unrecorded"].startswith("torch._inductor")
+
+
+def test_an_unknown_name_on_a_stand_in_imports_the_real_module():
+    report = json.loads(run(PRELUDE + textwrap.dedent('''
+        with inductor_load.deferred_compiler([]):
+            from torch._inductor.compile_fx import compile_fx   # not a stand-in's name
+            report["real"] = callable(compile_fx) and "compile_fx" in sys.modules["torch._inductor.compile_fx"].__dict__
+            report["stand_ins"] = stand_ins()
+        print(json.dumps(report))
+    ''')))
+    assert report["real"] and report["stand_ins"] == []
