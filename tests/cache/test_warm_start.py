@@ -55,9 +55,9 @@ MODEL_SOURCE = textwrap.dedent('''
 SDPA_SPLIT = json.dumps({"splitting_ops": ["aten::scaled_dot_product_attention"]})
 
 
-def run_worker(root, model_file=None, **env_vars):
+def run_worker(root, model_file=None, *args, **env_vars):
     env = dict(os.environ, VGC_CACHE_ROOT=str(root), **env_vars)
-    cmd = [sys.executable, WORKER] + (["--model-file", str(model_file)] if model_file else [])
+    cmd = [sys.executable, WORKER, *args] + (["--model-file", str(model_file)] if model_file else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -104,6 +104,18 @@ def test_a_warm_process_serves_without_importing_inductors_compiler(user_model, 
     ordinary = run_worker(copy, model_file, VGC_LOAD_WITHOUT_COMPILER="0")
     assert {"torch._inductor.select_algorithm", "torch._inductor.compile_fx"} <= set(ordinary["compiler_modules"])
     assert ordinary["counters"]["inductor_compiles"] == 0 and ordinary["max_diff"] < 1e-4
+
+
+@pytest.mark.gpu
+def test_a_warm_cuda_process_runs_its_triton_kernels_without_importing_inductors_compiler(tmp_path):
+    """The tiny decoder on CUDA (Triton kernels, cuBLAS through `extern_kernels`): warm, nothing compiled, the
+    compiler not imported, eager's outputs (fp32, sizes 1, 3, 16, 21)."""
+    cold = run_worker(tmp_path / "root", None, "--device", "cuda")
+    warm = run_worker(tmp_path / "root", None, "--device", "cuda")
+    assert cold["counters"]["inductor_compiles"] > 0 and warm["counters"]["inductor_compiles"] == 0
+    assert warm["counters"]["artifacts_loaded"] == cold["counters"]["artifacts_saved"]
+    assert warm["compiler_modules"] == [], warm["compiler_modules"]
+    assert cold["max_diff"] < 1e-4 and warm["max_diff"] < 1e-4
 
 
 # An unmodified transformers model: transformers 5 decorates its forward (`check_model_inputs`, `can_return_tuple`).

@@ -2,7 +2,7 @@
 report as JSON. The model comes from a file (`--model-file`, defining `build()` and `inputs(n)`) or is the tiny
 reference decoder.
 
-usage: python warm_worker.py [--model-file PATH] [--outputs PATH] [--config JSON] [--layers N]   (the cache root comes from
+usage: python warm_worker.py [--model-file PATH] [--outputs PATH] [--config JSON] [--layers N] [--device D]   (the cache root comes from
 VGC_CACHE_ROOT; the report names the compiler modules the process imported; --outputs saves the compiled outputs, for comparing processes exactly; --config: CompilationConfig
 fields)
 """
@@ -31,13 +31,13 @@ def load_model_file(path: str):
     return module.build(), module.inputs
 
 
-def tiny_decoder(layers: int | None = None):
+def tiny_decoder(layers: int | None = None, device: str = "cpu"):
     import dataclasses
 
     from vgc.models import llama
 
     cfg = llama.tiny_config() if layers is None else dataclasses.replace(llama.tiny_config(), num_layers=layers)
-    return llama.Llama(cfg), lambda n: llama.make_batch(cfg, n, "prefill")
+    return llama.Llama(cfg).to(device), lambda n: llama.make_batch(cfg, n, "prefill", device=device)
 
 
 def main() -> None:
@@ -46,11 +46,12 @@ def main() -> None:
     parser.add_argument("--outputs")
     parser.add_argument("--config", default="{}")
     parser.add_argument("--layers", type=int, help="layers of the tiny decoder (default: its config's)")
+    parser.add_argument("--device", default="cpu", help="where the tiny decoder runs")
     args = parser.parse_args()
     warnings = WarningRecorder()
     import logging
     logging.getLogger("vgc").addHandler(warnings)
-    model, inputs = load_model_file(args.model_file) if args.model_file else tiny_decoder(args.layers)
+    model, inputs = load_model_file(args.model_file) if args.model_file else tiny_decoder(args.layers, args.device)
     compiled = vgc.compile(model, config=json.loads(args.config))
     report = compiled.warmup(inputs)
     max_diff, outputs = 0.0, {}
