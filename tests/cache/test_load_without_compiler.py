@@ -85,11 +85,12 @@ def test_an_artifact_loads_and_answers_without_importing_the_compiler(artifact):
         import torch._inductor.select_algorithm as real   # a later compile gets the real modules
         report["real"] = hasattr(real, "AlgorithmSelectorCache") and real.extern_kernels.mm is torch.mm
         report["diff_after"] = check(loaded)
+        report["debug_flags"] = isinstance(torch._inductor.debug, inductor_load._DebugFlags)
         print(json.dumps(report))
     '''), path, json.dumps(names), env=env))
     assert report["diff"] < 1e-5 and report["diff_after"] < 1e-5   # fp32, against torch's own ops
     assert report["imported"] == [] and report["stand_ins"] == []
-    assert report["real"]
+    assert report["real"] and not report["debug_flags"]   # the real `debug` took the flags' place
 
 
 def test_the_ordinary_load_imports_the_compiler(artifact):
@@ -123,8 +124,10 @@ def test_stand_ins_answer_only_their_thread_and_names():
         kernels = inductor_load.TorchKernels(["mm", "not a name", 3, "_private", "__class__"])
         report["mm"] = kernels.mm is torch.mm
         with inductor_load.deferred_compiler(["mm"]):
-            from torch._inductor.graph import GraphLowering as mine
-            report["mine"] = mine is inductor_load._NoOutputCodeHook
+            loader = {"__name__": "torch._inductor.codecache"}   # the cache hit's own import, as torch makes it
+            exec("from torch._inductor.graph import GraphLowering", loader)
+            report["mine"] = loader["GraphLowering"] is inductor_load._NoOutputCodeHook
+            report["stand_ins_before"] = stand_ins()
             seen = {}
             def other():
                 from torch._inductor.graph import GraphLowering
@@ -140,8 +143,24 @@ def test_stand_ins_answer_only_their_thread_and_names():
         print(json.dumps(report))
     ''')))
     assert report["mm"] and report["mine"] and report["other_real"] and report["after_real"]
+    assert "torch._inductor.graph" in report["stand_ins_before"]
     assert report["stand_ins_after_real"] == []
     assert report["unrecorded"].startswith("torch._inductor")
+
+
+def test_a_stand_in_answers_no_caller_but_torchs_loading_code():
+    """Code that is not torch's load (a real compiler module being imported, a user's) never gets a stand-in's
+    answer, even in the loading thread."""
+    report = json.loads(run(PRELUDE + textwrap.dedent('''
+        with inductor_load.deferred_compiler(["mm"]):
+            from torch._inductor.graph import GraphLowering
+            report["real"] = GraphLowering is not inductor_load._NoOutputCodeHook and hasattr(GraphLowering, "run")
+            report["stand_ins"] = stand_ins()
+        import torch._inductor.debug
+        report["debug_real"] = torch._inductor.debug is sys.modules["torch._inductor.debug"]
+        print(json.dumps(report))
+    ''')))
+    assert report["real"] and report["stand_ins"] == [] and report["debug_real"]
 
 
 def test_an_unknown_name_on_a_stand_in_imports_the_real_module():

@@ -12,8 +12,8 @@ Importing those modules builds the lowering tables, the templates and the schedu
 `warmup()` on a 2-core CPU, and seconds on an image that compiles torch's sources in every process.
 
 `deferred_compiler()` stands in for each of those modules that is not imported yet, while one thread loads an
-artifact. A stand-in answers only the names above, and only to that thread; any other name, or any other thread,
-gets the real module (imported then, and kept). The stand-ins leave `sys.modules` when the load ends, so a later
+artifact. A stand-in answers only the names above, only to that thread, and only to torch's loading code and the
+generated code; any other name, thread or caller gets the real module (imported then, and kept). The stand-ins leave `sys.modules` when the load ends, so a later
 compile imports the real modules as usual.
 
 `extern_kernels` answers each name the compiling process found to be the torch function of that name
@@ -33,6 +33,11 @@ from typing import Any, Iterable
 import torch
 
 _SELECT_ALGORITHM = "torch._inductor.select_algorithm"
+# Who asks for the stand-ins' names while an artifact loads: torch's load, its cache, and the generated code (a
+# module named under `compile_tasks`). Anything else asking (a real compiler module being imported, say) gets the
+# real module, so no real module ever keeps a stand-in's answer.
+_LOADERS = ("torch._inductor.standalone_compile", "torch._inductor.codecache", "torch._inductor.output_code",
+            "torch._inductor.runtime.compile_tasks.")
 
 
 def torch_extern_kernels() -> list[str]:
@@ -87,7 +92,8 @@ class _StandIn(types.ModuleType):
         if attr.startswith("__") or attr.startswith("_vgc_"):
             raise AttributeError(attr)
         window = self._vgc_window
-        if attr in self._vgc_answers and threading.get_ident() == window.owner and window.placed:
+        if attr in self._vgc_answers and threading.get_ident() == window.owner and window.placed and \
+                sys._getframe(1).f_globals.get("__name__", "").startswith(_LOADERS):
             return self._vgc_answers[attr]
         return getattr(_real(self.__name__), attr)
 
