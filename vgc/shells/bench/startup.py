@@ -4,8 +4,9 @@ Cold: every compile cache the process touches starts empty in a new directory: v
 the root), Triton's (`TRITON_CACHE_DIR`) and CUDA's PTX cache (`CUDA_CACHE_PATH`). Warm: the same directories
 again, so the saved trace and every artifact load. Bundle: what a deployment sees, the root packed into one file
 (`vgc cache pack`), unpacked under a new root, and a process started there with every other cache empty. The table
-prints each phase and counts Dynamo traces and Inductor calls; "after build" is the first output less the import
-and the model's construction, what vgc adds to a start. `--strategy eager-pieces` starts `vgc.compile` with
+prints each phase, counts Dynamo traces and Inductor calls, and says whether the process imported Inductor's
+compiler (a warm start need not: `VGC_LOAD_WITHOUT_COMPILER=0` for torch's ordinary load); "after build" is the
+first output less the import and the model's construction, what vgc adds to a start. `--strategy eager-pieces` starts `vgc.compile` with
 `piece_backend="eager"`; `--strategy breakable` captures `vgc.cudagraph.breakable` graphs (nothing to trace,
 compile or cache: every start is its warm-up's capture); `--strategy tiered` starts `vgc.compile(..., tiered=True)`
 and serves decode calls until the compiled model is swapped in: "full speed" is when the first compiled call ends.
@@ -23,6 +24,8 @@ import tempfile
 import time
 
 MODES = ("none", "piecewise", "full", "full_and_piecewise")
+# Inductor's compiler, which a warm start does not import (`vgc/_compat/inductor_load.py`)
+COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.select_algorithm", "torch._inductor.lowering")
 STRATEGIES = ("inductor", "eager-pieces", "breakable", "tiered")
 
 
@@ -89,6 +92,7 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
         "trace_source": getattr(compiled, "trace_source", "none"), "dynamo_traces": counts.dynamo_traces,
         "inductor_compiles": counts.inductor_compiles, "artifacts_loaded": counts.artifacts_loaded,
         "traces_loaded": counts.traces_loaded, "finite": bool(torch.isfinite(out).all()),
+        "compiler_imported": any(m in sys.modules for m in COMPILER_MODULES),
     }))
 
 
@@ -188,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("bundle", deployment["run"]))
     columns = COLUMNS + (TIERED_COLUMNS if args.strategy == "tiered" else [])
     print(f"{'run':8s}" + "".join(f"{title:>15s}" for title, _ in columns)
-          + f"{'after build':>15s}{'Dynamo traces':>15s}{'Inductor calls':>15s}{'loaded':>8s}"
+          + f"{'after build':>15s}{'Dynamo traces':>15s}{'Inductor calls':>15s}{'loaded':>8s}{'compiler':>10s}"
           + (f"{'eager calls':>12s}{'graph calls':>12s}" if args.strategy == "tiered" else ""))
     for name, r in rows:
         after_build = r["first_output_s"] - r["import_s"] - r["model_s"]
         print(f"{name:8s}" + "".join(f"{r[key]:14.2f}s" for _, key in columns) + f"{after_build:14.2f}s"
               + f"{r['dynamo_traces']:15d}{r['inductor_compiles']:15d}{r['artifacts_loaded']:8d}"
+              + f"{'imported' if r.get('compiler_imported') else 'no':>10s}"
               + (f"{r['eager_calls']:12d}{r['graph_calls']:12d}" if args.strategy == "tiered" else ""))
     if args.strategy == "tiered":
         print("tiered: the first output comes from the model itself (with a graph mode, later calls replay its "
