@@ -124,7 +124,7 @@ def main() -> None:
     for piece in compiled.graphs.runtime.pieces:
         entry = piece.entries.get(1)
         if entry is not None:
-            print(f"  {piece.name}: copied in {entry.copy_in}, read in place {[i for i, _ in entry.pinned]}")
+            print(f"  {piece.name}: copied in {len(entry.copy_targets)}, read in place {entry.pinned_at}")
     kernel_table(compiled, batch)
     torch.cuda.synchronize()
     n = 200

@@ -172,3 +172,16 @@ def test_an_unknown_name_on_a_stand_in_imports_the_real_module():
         print(json.dumps(report))
     ''')))
     assert report["real"] and report["stand_ins"] == []
+
+
+def test_the_cache_keys_inductor_config_without_importing_the_compiler():
+    """Torch 2.15 serializes `inductor_choices_class` through `torch._inductor.choices`, which imports the
+    scheduler and `select_algorithm`; vgc's key skips that while no choices can exist, and equals torch's own."""
+    report = json.loads(run(PRELUDE + textwrap.dedent('''
+        import torch._inductor.config as config
+        mine = _compat.inductor_config_portable()
+        report["imported"] = imported()
+        report["equal"] = mine == config.save_config_portable()
+        print(json.dumps(report))
+    ''')))
+    assert report["imported"] == [] and report["equal"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import tempfile
 from typing import Any, Callable, Iterable
 
@@ -62,10 +63,24 @@ def inductor_option_names() -> frozenset[str]:
 
 
 def inductor_config_portable() -> dict[str, Any]:
-    """Inductor's current config, without process-specific entries, for cache keys (private config module)."""
+    """Inductor's current config, without process-specific entries, for cache keys (private config module).
+
+    Torch 2.15 runs a serializer over it that imports `torch._inductor.choices` (and with it the scheduler, the
+    lowering tables and `select_algorithm`: 0.8 s) to turn `inductor_choices_class` into a key. While that module
+    is not imported, no choices can be registered, and an unset class keys as None, its value already: the
+    serializer is skipped then, so a warm start's cache key does not import the compiler."""
     import torch._inductor.config as inductor_config
 
-    return inductor_config.save_config_portable()
+    namespace = vars(inductor_config)   # a config module refuses to set names that are not its options
+    serializer = namespace.get("_cache_config_serializer")
+    if serializer is None or "torch._inductor.choices" in sys.modules or \
+            getattr(inductor_config, "inductor_choices_class", None) is not None:
+        return inductor_config.save_config_portable()
+    namespace["_cache_config_serializer"] = None
+    try:
+        return inductor_config.save_config_portable()
+    finally:
+        namespace["_cache_config_serializer"] = serializer
 
 
 def clear_inductor_memory_caches() -> None:
