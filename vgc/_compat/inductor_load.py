@@ -13,8 +13,8 @@ Importing those modules builds the lowering tables, the templates and the schedu
 
 `deferred_compiler()` stands in for each of those modules that is not imported yet, while one thread loads an
 artifact. A stand-in answers only the names above, only to that thread, and only to torch's loading code and the
-generated code; any other name, thread or caller gets the real module (imported then, and kept). The stand-ins leave `sys.modules` when the load ends, so a later
-compile imports the real modules as usual.
+generated code; any other name, thread or caller gets the real module (imported then, and kept). The stand-ins
+leave `sys.modules` when the load ends, so a later compile imports the real modules as usual.
 
 `extern_kernels` answers each name the compiling process found to be the torch function of that name
 (`torch_extern_kernels()`, recorded beside the artifact); any other name is looked up in the real namespace on

@@ -29,6 +29,8 @@ logger = logging.getLogger("vgc")
 
 # Errors that say the disk or the directory cannot take a write: the process goes on without saving.
 _UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def _extern_kernels(record: dict[str, Any]) -> list[str] | None:
     """The torch functions the saving process found under Inductor's `extern_kernels`, for a load that defers
     Inductor's compiler; None (the ordinary load) for a record without them or with `VGC_LOAD_WITHOUT_COMPILER=0`."""
