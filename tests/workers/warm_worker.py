@@ -2,9 +2,10 @@
 report as JSON. The model comes from a file (`--model-file`, defining `build()` and `inputs(n)`) or is the tiny
 reference decoder.
 
-usage: python warm_worker.py [--model-file PATH] [--outputs PATH] [--config JSON] [--layers N] [--device D]   (the cache root comes from
-VGC_CACHE_ROOT; the report names the compiler modules the process imported; --outputs saves the compiled outputs, for comparing processes exactly; --config: CompilationConfig
-fields)
+usage: python warm_worker.py [--model-file PATH] [--outputs PATH] [--config JSON] [--layers N] [--device D]
+
+The cache root comes from VGC_CACHE_ROOT; the report names the compiler modules the process imported; --outputs
+saves the compiled outputs, for comparing processes exactly; --config: CompilationConfig fields.
 """
 
 import argparse

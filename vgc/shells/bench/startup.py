@@ -7,9 +7,10 @@ again, so the saved trace and every artifact load. Bundle: what a deployment see
 prints each phase, counts Dynamo traces and Inductor calls, and says whether the process imported Inductor's
 compiler (a warm start need not: `VGC_LOAD_WITHOUT_COMPILER=0` for torch's ordinary load); "after build" is the
 first output less the import and the model's construction, what vgc adds to a start. `--strategy eager-pieces`
-starts `vgc.compile` with `piece_backend="eager"`; `--strategy breakable` captures `vgc.cudagraph.breakable` graphs (nothing to trace,
-compile or cache: every start is its warm-up's capture); `--strategy tiered` starts `vgc.compile(..., tiered=True)`
-and serves decode calls until the compiled model is swapped in: "full speed" is when the first compiled call ends.
+starts `vgc.compile` with `piece_backend="eager"`; `--strategy breakable` captures `vgc.cudagraph.breakable`
+graphs (nothing to trace, compile or cache: every start is its warm-up's capture); `--strategy tiered` starts
+`vgc.compile(..., tiered=True)` and serves decode calls until the compiled model is swapped in: "full speed" is
+when the first compiled call ends.
 """
 
 from __future__ import annotations
