@@ -299,7 +299,7 @@ def two_entries(tmp_path, monkeypatch):
     from vgc.cache.store import ArtifactStore
 
     monkeypatch.setattr(_compat, "save_artifact", lambda artifact, path, fmt: Path(path).write_text(artifact.text))
-    monkeypatch.setattr(_compat, "load_artifact", lambda path, fmt: _Saved(Path(path).read_text()))
+    monkeypatch.setattr(_compat, "load_artifact", lambda path, fmt, extern_kernels=None: _Saved(Path(path).read_text()))
     log._warned.clear()
     stores = {}
     for entry in ("a" * 20, "b" * 20):
