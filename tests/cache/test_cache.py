@@ -146,6 +146,7 @@ def test_unpacked_format_keeps_readable_kernels_and_loads(tmp_path):
     assert warm["counters"]["inductor_compiles"] == 0
     assert warm["counters"]["artifacts_loaded"] == cold["counters"]["artifacts_saved"]
     assert warm["max_diff"] < 1e-4
+    assert warm["compiler_modules"] == []   # loaded without Inductor's compiler, as the binary format is
 
 
 def test_four_processes_on_an_empty_root(tmp_path, capsys):

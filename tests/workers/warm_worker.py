@@ -16,12 +16,7 @@ import sys
 import torch
 
 import vgc
-from cache_worker import WarningRecorder
-
-# Inductor's compiler: what a warm start has no use for (`vgc/_compat/inductor_load.py`)
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.select_algorithm", "torch._inductor.graph",
-                    "torch._inductor.lowering", "torch._inductor.decomposition", "torch._inductor.debug",
-                    "torch._inductor.scheduler", "torch._inductor.codegen.memory_planning")
+from cache_worker import COMPILER_MODULES, WarningRecorder
 
 
 def load_model_file(path: str):
