@@ -1,7 +1,7 @@
 """Loading a saved Inductor artifact without importing Inductor's compiler (private `torch._inductor`).
 
 A warm start needs the code an artifact holds and the runtime its kernels call, not the compiler that wrote them.
-Torch's load imports the compiler anyway, for five names:
+Torch's load imports the compiler anyway, for six names:
 - `CompiledArtifact.load` builds its keyword dict with a TypedDict from `compile_fx`;
 - the cached graph's pickle names `decomposition.select_decomp_table` (kept for a recompile, not called to run);
 - a cache hit imports `graph` to test `GraphLowering.save_output_code`, a hook only tests set;
