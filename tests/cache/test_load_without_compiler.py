@@ -185,3 +185,14 @@ def test_the_cache_keys_inductor_config_without_importing_the_compiler():
         print(json.dumps(report))
     ''')))
     assert report["imported"] == [] and report["equal"]
+
+
+def test_an_index_record_without_usable_names_loads_the_ordinary_way(monkeypatch):
+    """What the store hands the load: the recorded names, or None (torch's ordinary load) for a record saved
+    before them, a damaged value, or `VGC_LOAD_WITHOUT_COMPILER=0`."""
+    from vgc.cache.store import _extern_kernels
+
+    assert _extern_kernels({"extern_kernels": ["mm", 3, "addmm"]}) == ["mm", "addmm"]
+    assert _extern_kernels({}) is None and _extern_kernels({"extern_kernels": "mm"}) is None
+    monkeypatch.setenv("VGC_LOAD_WITHOUT_COMPILER", "0")
+    assert _extern_kernels({"extern_kernels": ["mm"]}) is None
