@@ -32,12 +32,8 @@ PRELUDE = textwrap.dedent('''
     from vgc import _compat
     from vgc._compat import inductor_load
 
-    COMPILER = ("torch._inductor.compile_fx", "torch._inductor.select_algorithm", "torch._inductor.graph",
-                "torch._inductor.lowering", "torch._inductor.decomposition", "torch._inductor.debug",
-                "torch._inductor.codegen.memory_planning")
-
     def imported():
-        return [m for m in COMPILER if m in sys.modules]
+        return _compat.compiler_modules_imported()
 
     def stand_ins():
         return [n for n, m in sys.modules.items() if isinstance(m, inductor_load._StandIn)]

@@ -14,12 +14,6 @@ import vgc
 from vgc.models import llama
 
 
-# Inductor's compiler: what a warm start has no use for (`vgc/_compat/inductor_load.py`)
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.select_algorithm", "torch._inductor.graph",
-                    "torch._inductor.lowering", "torch._inductor.decomposition", "torch._inductor.debug",
-                    "torch._inductor.scheduler", "torch._inductor.codegen.memory_planning")
-
-
 class WarningRecorder(logging.Handler):
     """Keeps the message of every warning logged to the handler's logger (`vgc`)."""
 
@@ -56,7 +50,7 @@ def main() -> None:
         "seconds": report["seconds"],
         "trace_source": compiled.trace_source,
         "unusable_warnings": [m for m in warnings.messages if "unusable" in m],
-        "compiler_modules": [m for m in COMPILER_MODULES if m in sys.modules],
+        "compiler_modules": vgc._compat.compiler_modules_imported(),
     }))
 
 

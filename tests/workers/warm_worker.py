@@ -16,7 +16,7 @@ import sys
 import torch
 
 import vgc
-from cache_worker import COMPILER_MODULES, WarningRecorder
+from cache_worker import WarningRecorder
 
 
 def load_model_file(path: str):
@@ -62,10 +62,9 @@ def main() -> None:
             outputs[n] = out.clone()
     if args.outputs:
         torch.save(outputs, args.outputs)
-    compiler = [m for m in COMPILER_MODULES if m in sys.modules]
     print(json.dumps({"counters": vgc.counters.as_dict(), "trace_source": compiled.trace_source,
                       "max_diff": max_diff, "seconds": report["seconds"], "warnings": warnings.messages,
-                      "compiler_modules": compiler}))
+                      "compiler_modules": vgc._compat.compiler_modules_imported()}))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from vgc._compat.inductor import (
     inductor_code_name, inductor_config_portable, inductor_cpp_compiler, inductor_custom_passes,
     inductor_option_names, load_artifact, save_artifact, standalone_compile, torch_build_key, torch_source_key,
     wrap_cpu_isa_check, wrap_cpu_isa_probe)
-from vgc._compat.inductor_load import torch_extern_kernels
+from vgc._compat.inductor_load import compiler_modules_imported, torch_extern_kernels
 from vgc._compat.dynamo import (
     allow_recompiles, assume_equal, backed_size_oblivious, device_from_inputs, dynamo_compile_id,
     forget_size_history, has_module_hooks, mark_dynamic, mark_unbacked, maybe_mark_dynamic,
@@ -43,7 +43,7 @@ __all__ = [
     "functorch_config_portable", "inductor_cache_dir", "inductor_code_name", "inductor_config_portable",
     "inductor_cpp_compiler", "inductor_custom_passes", "inductor_option_names", "load_artifact", "save_artifact",
     "standalone_compile", "torch_build_key", "torch_source_key", "wrap_cpu_isa_check", "wrap_cpu_isa_probe",
-    "torch_extern_kernels",
+    "compiler_modules_imported", "torch_extern_kernels",
     "allow_recompiles", "assume_equal", "backed_size_oblivious", "device_from_inputs", "dynamo_compile_id",
     "forget_size_history", "has_module_hooks", "mark_dynamic", "mark_unbacked", "maybe_mark_dynamic",
     "model_state_guard_filter", "no_duck_shape", "register_bytecode_hook", "skip_all_guards", "through_dynamo",

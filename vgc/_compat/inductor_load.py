@@ -40,6 +40,18 @@ _LOADERS = ("torch._inductor.standalone_compile", "torch._inductor.codecache", "
             "torch._inductor.runtime.compile_tasks.")
 
 
+# Inductor's compiler: what a warm start has no use for, and what the stand-ins keep it from importing (with the
+# scheduler and lowering tables those modules import in turn)
+COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.select_algorithm", "torch._inductor.graph",
+                    "torch._inductor.lowering", "torch._inductor.decomposition", "torch._inductor.debug",
+                    "torch._inductor.scheduler", "torch._inductor.codegen.memory_planning")
+
+
+def compiler_modules_imported() -> list[str]:
+    """Which of Inductor's compiler modules this process has imported (a warm start: none)."""
+    return [name for name in COMPILER_MODULES if name in sys.modules]
+
+
 def torch_extern_kernels() -> list[str]:
     """The names under Inductor's `extern_kernels` that are the torch function of the same name (`mm`, `addmm`,
     ...), read in a process that imported `select_algorithm` (one that compiled); empty where none did."""

@@ -25,8 +25,6 @@ import tempfile
 import time
 
 MODES = ("none", "piecewise", "full", "full_and_piecewise")
-# Inductor's compiler, which a warm start does not import (`vgc/_compat/inductor_load.py`)
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.select_algorithm", "torch._inductor.lowering")
 STRATEGIES = ("inductor", "eager-pieces", "breakable", "tiered")
 
 
@@ -34,6 +32,7 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
     import torch
 
     import vgc
+    from vgc import _compat
     from vgc.models import llama
 
     # Wall-clock from the parent's spawn: interpreter start and `import torch` count too.
@@ -93,7 +92,7 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
         "trace_source": getattr(compiled, "trace_source", "none"), "dynamo_traces": counts.dynamo_traces,
         "inductor_compiles": counts.inductor_compiles, "artifacts_loaded": counts.artifacts_loaded,
         "traces_loaded": counts.traces_loaded, "finite": bool(torch.isfinite(out).all()),
-        "compiler_imported": any(m in sys.modules for m in COMPILER_MODULES),
+        "compiler_imported": bool(_compat.compiler_modules_imported()),
     }))
 
 
