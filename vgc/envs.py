@@ -88,8 +88,9 @@ def skinny_mm_on_cpu() -> bool:
 
 
 def pdl() -> bool:
-    """VGC_PDL (default 1): vgc's own matmul kernel launches as a programmatic dependent of the kernel before it on
-    Hopper and later GPUs (its weight reads start while that kernel finishes); 0: ordinary launches."""
+    """VGC_PDL (default 1): vgc's own matmul and decode-attention kernels launch as programmatic dependents of the
+    kernel before them on Hopper and later GPUs (a matmul's weight reads start while that kernel finishes); 0:
+    ordinary launches."""
     return _flag("PDL", default=True)
 
 

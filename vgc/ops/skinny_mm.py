@@ -19,12 +19,11 @@ With `VGC_SKINNY_MM_ON_CPU=1` and `TRITON_INTERPRET=1` the kernel runs on CPU te
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from vgc import envs
 from vgc.ops import triton_rows, triton_skinny_mm
+from vgc.ops.triton_launch import uses_pdl
 
 __all__ = ["skinny_mm", "skinny_mm_fused", "skinny_mm_add_fused", "DTYPES", "MAX_M", "uses_kernel",
            "uses_fused_kernel"]
@@ -45,17 +44,6 @@ def uses_kernel(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (triton_skinny_mm.HAS_TRITON and 0 < a.shape[0] <= MAX_M and a.dtype in DTYPES
             and b.dtype == a.dtype and b.stride(0) == 1 and a.stride(1) == 1 and _kernel_device(a)
             and b.device == a.device)
-
-
-@functools.cache
-def _has_pdl(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9   # programmatic dependent launch: sm_90 on
-
-
-def uses_pdl(a: torch.Tensor) -> bool:
-    """Whether the kernel for `a` launches as a programmatic dependent of the kernel before it."""
-    return a.is_cuda and envs.pdl() and _has_pdl(a.device.index if a.device.index is not None
-                                                 else torch.cuda.current_device())
 
 
 @torch.library.custom_op("vgc::skinny_mm", mutates_args=())

@@ -17,7 +17,7 @@ try:
 except ImportError:  # CPU-only installs: the op uses its pure-torch path
     triton = None
 
-from vgc.ops.triton_launch import FastLauncher
+from vgc.ops.triton_launch import FastLauncher, uses_pdl
 
 HAS_TRITON = triton is not None
 
@@ -113,19 +113,27 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_grouped_kernel(output, query, key, value, key_cache, value_cache, slot_mapping, block_table,
-                               seq_lens, partials, scale, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t,
-                               v_stride_h, o_stride_t, o_stride_h, bt_stride, cache_stride_block, cache_stride_slot,
-                               cache_stride_h, num_seqs, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_G: tl.constexpr, SPLITS: tl.constexpr):
+                               seq_lens, partials, arrivals, scale, q_stride_t, q_stride_h, k_stride_t, k_stride_h,
+                               v_stride_t, v_stride_h, o_stride_t, o_stride_h, bt_stride, cache_stride_block,
+                               cache_stride_slot, cache_stride_h, num_seqs, GROUP: tl.constexpr,
+                               BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
+                               PDL: tl.constexpr):
         # One program per (token, KV head): the GROUP query heads that share a KV head read its cached K/V once
         # (the per-head kernel reads them GROUP times) and are scored together on tensor cores, their rows padded
         # to BLOCK_G >= 16 (bf16/fp16 caches only: an fp32 dot would round to tf32). With SPLITS > 1 each of
         # SPLITS programs takes a slice of the context and writes its softmax state (max, sum, weighted values)
-        # to `partials` for `_decode_combine_kernel`: a few sequences then still occupy the GPU.
+        # to `partials`, and the last of them to finish merges the SPLITS states (`arrivals` counts them): a few
+        # sequences still occupy the GPU, in one launch.
+        # PDL: launched as a programmatic dependent of the kernel before it (the q/k/v projection), which it waits
+        # for before any memory access; its own dependent (the output projection) may then launch and fetch its
+        # weights while this runs.
         token = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         d = tl.arange(0, BLOCK_D)
         d_mask = d < HEAD_DIM
         g = tl.arange(0, BLOCK_G)
@@ -174,28 +182,37 @@ if HAS_TRITON:
             tl.store(output + token * o_stride_t + heads[:, None] * o_stride_h + d[None, :],
                      out.to(output.dtype.element_ty), mask=qd_mask)
         else:   # partials: [tokens, kv heads, SPLITS, BLOCK_G, BLOCK_D + 2] fp32 (values, then max and sum)
-            row = ((token * tl.num_programs(1) + kv_head) * SPLITS + split) * BLOCK_G + g
+            pair = token * tl.num_programs(1) + kv_head
+            row = (pair * SPLITS + split) * BLOCK_G + g
             tl.store(partials + row[:, None] * (BLOCK_D + 2) + d[None, :], acc)
             tl.store(partials + row * (BLOCK_D + 2) + BLOCK_D, m)
             tl.store(partials + row * (BLOCK_D + 2) + BLOCK_D + 1, l)
+            # Every thread's stores come before the count (the barrier), and the count releases them to the
+            # GPU and acquires the other splits' stores for the program that arrives last. That program merges
+            # and sets the count back to 0 for the next launch, so `arrivals` is 0 between launches and never
+            # needs a reset of its own (a memset per launch would cost what the merge's launch cost).
+            tl.debug_barrier()
+            arrived = tl.atomic_add(arrivals + pair, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLITS - 1:
+                tl.debug_barrier()
+                _merge_splits(output, partials, pair, token, kv_head, o_stride_t, o_stride_h, d, g, GROUP,
+                              HEAD_DIM, BLOCK_D, BLOCK_G, SPLITS)
+                tl.atomic_xchg(arrivals + pair, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
-    def _decode_combine_kernel(output, partials, o_stride_t, o_stride_h, GROUP: tl.constexpr,
-                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                               SPLITS: tl.constexpr):
-        # Merges the SPLITS softmax states of one (token, KV head) into the output rows of its query heads.
-        token = tl.program_id(0)
-        kv_head = tl.program_id(1)
-        d = tl.arange(0, BLOCK_D)
-        g = tl.arange(0, BLOCK_G)
+    def _merge_splits(output, partials, pair, token, kv_head, o_stride_t, o_stride_h, d, g, GROUP: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr):
+        # The SPLITS softmax states of one (token, KV head) merged into the output rows of its query heads. Read
+        # past L1 (".cg"): other SMs wrote them, and this SM's L1 may hold the same addresses from an earlier
+        # launch.
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         for split in tl.static_range(SPLITS):
-            row = ((token * tl.num_programs(1) + kv_head) * SPLITS + split) * BLOCK_G + g
-            part_acc = tl.load(partials + row[:, None] * (BLOCK_D + 2) + d[None, :])
-            part_m = tl.load(partials + row * (BLOCK_D + 2) + BLOCK_D)
-            part_l = tl.load(partials + row * (BLOCK_D + 2) + BLOCK_D + 1)
+            row = (pair * SPLITS + split) * BLOCK_G + g
+            part_acc = tl.load(partials + row[:, None] * (BLOCK_D + 2) + d[None, :], cache_modifier=".cg")
+            part_m = tl.load(partials + row * (BLOCK_D + 2) + BLOCK_D, cache_modifier=".cg")
+            part_l = tl.load(partials + row * (BLOCK_D + 2) + BLOCK_D + 1, cache_modifier=".cg")
             m_new = tl.maximum(m, part_m)
             base = tl.where(m_new == float("-inf"), 0.0, m_new)   # both empty: weights 0, not NaN
             alpha = tl.exp(m - base)
@@ -211,7 +228,6 @@ if HAS_TRITON:
     _launch_write_kv = FastLauncher(_write_kv_kernel)
     _launch_decode = FastLauncher(_decode_kernel)
     _launch_decode_grouped = FastLauncher(_decode_grouped_kernel)
-    _launch_decode_combine = FastLauncher(_decode_combine_kernel)
     # Block sizes are derived on every launch between graphs; Triton's helper costs about 1 µs a call.
     _pow2 = functools.cache(triton.next_power_of_2)
 
@@ -233,7 +249,7 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 def decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
                      scale: float, variant: tuple[str, int, int, int] | None = None) -> None:
-    """Uniform decode in one launch (two when the context is split): token t is sequence t's last position; its
+    """Uniform decode in one launch: token t is sequence t's last position; its
     K/V go to its slot (none for a negative slot) and it attends its cached context plus itself. No host sync.
 
     Runs once per layer per step between piece graphs, so it reads each tensor's strides once (host time).
@@ -266,15 +282,36 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
     # a head of 8 or fewer elements is padded to 16, its extra columns masked.
     shape["BLOCK_D"] = max(16, shape["BLOCK_D"])
     block_g = max(16, _pow2(group))
-    partials = output if splits == 1 else torch.empty(
-        num_tokens * num_kv_heads * splits * block_g * (shape["BLOCK_D"] + 2), dtype=torch.float32,
-        device=output.device)
-    _launch_decode_grouped((num_tokens, num_kv_heads, splits), (*tensors, partials), scalars, **shape,
-                           BLOCK_N=block_n, BLOCK_G=block_g, SPLITS=splits, num_warps=warps)
-    if splits > 1:
-        _launch_decode_combine((num_tokens, num_kv_heads), (output, partials), (os_[0], os_[1]), GROUP=group,
-                               HEAD_DIM=head_dim, BLOCK_D=shape["BLOCK_D"], BLOCK_G=block_g, SPLITS=splits,
-                               num_warps=4)
+    if splits == 1:
+        partials = arrivals = output
+    else:
+        partials = torch.empty(num_tokens * num_kv_heads * splits * block_g * (shape["BLOCK_D"] + 2),
+                               dtype=torch.float32, device=output.device)
+        arrivals = _arrivals(key_cache, num_tokens * num_kv_heads)
+    pdl = uses_pdl(query)
+    _launch_decode_grouped((num_tokens, num_kv_heads, splits), (*tensors, partials, arrivals), scalars, **shape,
+                           BLOCK_N=block_n, BLOCK_G=block_g, SPLITS=splits, PDL=pdl, num_warps=warps,
+                           **({"launch_pdl": True} if pdl else {}))
+
+
+# The split kernel's arrival counts, per KV cache: 0 between launches (the last program of each launch sets them
+# back). One set per cache, because two launches on one set at once (two models' graphs replayed on two streams)
+# would count each other's programs; launches on one cache are ordered anyway, as its writes must be. Every set
+# ever made is kept: a captured graph reads its address for good.
+_ARRIVALS: dict[tuple, torch.Tensor] = {}
+
+
+def _arrivals(key_cache: torch.Tensor, count: int) -> torch.Tensor:
+    key = (key_cache.device, key_cache.data_ptr())
+    held = _ARRIVALS.get(key)
+    if held is None or held.numel() < count:
+        # Made while a graph is captured, its zeroing is part of the graph: still 0 at each launch.
+        held = _ARRIVALS[key] = torch.zeros(max(count, 128), dtype=torch.int32, device=key_cache.device)
+        _KEPT.append(held)
+    return held
+
+
+_KEPT: list[torch.Tensor] = []
 
 
 # Caches the grouped kernel scores on tensor cores (an fp32 cache would be rounded to tf32 there).
@@ -294,7 +331,8 @@ def _decode_variant(num_tokens: int, num_kv_heads: int, head_dim: int,
     short, 2-3x faster than 4 warps at batch 64 and 256).
 
     Below 128 programs (tokens x KV heads) the context is split over 4 programs per KV head, merged by a second
-    launch: at batch 1 a program per KV head leaves 8 programs for the whole GPU. At batch 1 that took 99 -> 30 us
+    launch at the time of these numbers (since 2026-12-07 by the last of the 4 programs, in the same launch): at
+    batch 1 a program per KV head leaves 8 programs for the whole GPU. At batch 1 that took 99 -> 30 us
     with 4000 cached tokens and 11.5 -> 6.4 with 512, and costs 1.6 us with 2-30 (3.4 -> 5.0: the merge's launch);
     16 programs took 14 us with 4000 but 7.7 with 2-30, so 4 is the default. Batch 8: 53 -> 21 us with 2048."""
     if dtype not in _TENSOR_CORE_DTYPES:

@@ -11,7 +11,11 @@ interpreter, a Triton outside 3.4–3.x, a launch hook set by a profiler) takes 
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from vgc import envs
 
 try:
     import triton
@@ -78,3 +82,15 @@ class FastLauncher:
         ordered = [constexprs[name] for name in self.arg_names[first_constexpr:]]   # signature order
         binary.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(key[0]), binary.function,
                    binary.packed_metadata, None, None, None, *tensors, *scalars, *ordered)
+
+
+@functools.cache
+def _has_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9   # programmatic dependent launch: sm_90 on
+
+
+def uses_pdl(t: torch.Tensor) -> bool:
+    """Whether vgc's kernels reading `t` launch as programmatic dependents of the kernel before them (CUDA on
+    Hopper and later, unless `VGC_PDL=0`)."""
+    return t.is_cuda and envs.pdl() and _has_pdl(t.device.index if t.device.index is not None
+                                                 else torch.cuda.current_device())
