@@ -66,8 +66,20 @@ def tree_unflatten(leaves: list, spec):
 
 def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA (the private
-    `torch._foreach_copy_`)."""
-    torch._foreach_copy_(targets, sources)
+    `torch._foreach_copy_`). Torch takes that path only for lists of one dtype: given mixed ones (a decode step's
+    int64 ids and int32 lengths) it copies tensor by tensor, one memcpy launch each, so the pairs go to it by
+    dtype."""
+    first = targets[0].dtype if targets else None
+    if all(t.dtype is first for t in targets):
+        torch._foreach_copy_(targets, sources)
+        return
+    groups: dict[torch.dtype, tuple[list, list]] = {}
+    for target, source in zip(targets, sources):
+        into, of = groups.setdefault(target.dtype, ([], []))
+        into.append(target)
+        of.append(source)
+    for into, of in groups.values():
+        torch._foreach_copy_(into, of)
 
 
 # ---- torch.distributed --------------------------------------------------------------------------------------------
