@@ -411,3 +411,27 @@ def test_inductor_names_a_generated_module_by_its_stripped_source(tmp_path, monk
     assert _compat.inductor_code_name(source + "# other\n") != Path(path).stem
     monkeypatch.delattr(codecache, "code_hash")
     assert _compat.inductor_code_name(source) is None
+
+
+def test_copy_many_copies_mixed_dtypes_in_one_multi_tensor_copy_per_dtype(monkeypatch):
+    """A decode step's inputs (int64 ids, int32 lengths and tables, fp32 values): every pair copied, one
+    `torch._foreach_copy_` per dtype (torch copies a mixed list tensor by tensor), one call for a single dtype."""
+    calls = []
+    real = torch._foreach_copy_
+
+    def counted(targets, sources):
+        calls.append({t.dtype for t in targets})
+        return real(targets, sources)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", counted)
+    sources = [torch.arange(5), torch.arange(3, dtype=torch.int32), torch.randn(2, 3), torch.arange(7) * 3,
+               torch.ones(4, 2, dtype=torch.int32)]
+    targets = [torch.empty_like(s) for s in sources]
+    _compat.copy_many(targets, tuple(sources))   # a tuple, as a captured graph hands its sources
+    assert all(torch.equal(t, s) for t, s in zip(targets, sources))
+    assert sorted(map(sorted, calls), key=str) == sorted([[torch.int64], [torch.int32], [torch.float32]], key=str)
+    calls.clear()
+    _compat.copy_many(targets[:1] + targets[3:4], [sources[0] + 1, sources[3] + 1])
+    assert calls == [{torch.int64}] and torch.equal(targets[3], sources[3] + 1)
+    _compat.copy_many([], [])   # nothing to copy: no call
+    assert len(calls) == 1

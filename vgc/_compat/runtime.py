@@ -69,7 +69,9 @@ def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     `torch._foreach_copy_`). Torch takes that path only for lists of one dtype: given mixed ones (a decode step's
     int64 ids and int32 lengths) it copies tensor by tensor, one memcpy launch each, so the pairs go to it by
     dtype."""
-    first = targets[0].dtype if targets else None
+    if not targets:
+        return
+    first = targets[0].dtype
     if all(t.dtype is first for t in targets):
         torch._foreach_copy_(targets, sources)
         return
