@@ -287,6 +287,41 @@ def test_every_decode_kernel_variant_matches_reference(variant, heads, head_dim)
             assert not arrivals.any()
 
 
+def test_split_decode_counts_arrivals_per_cache_and_keeps_a_captures_own(monkeypatch):
+    """The split kernel's arrival counts: one set per KV cache, reused by its later launches and left at 0 by each;
+    a set made while a graph is captured (its zeroing a step of that graph, run only at its replays) is that
+    graph's alone, never handed to a later launch."""
+    device = triton_device()
+    if device is None:
+        pytest.skip("needs CUDA, or Triton with TRITON_INTERPRET=1")
+    from vgc import cuda_runtime
+    from vgc.ops import triton_attention
+    case = make_case([(c, 1) for c in (0, 5, 21)], pad=0, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4)
+    case = {k: v.half() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in case.items()}
+    ref_out, _, _ = reference_attention(**case)
+    case = {k: v.to(device) if torch.is_tensor(v) else v for k, v in case.items()}
+    key = (case["key_cache"].device, case["key_cache"].data_ptr())
+
+    def launch():
+        output = torch.full_like(case["query"], float("nan"))
+        triton_attention.decode_attention(output, case["query"], case["key"], case["value"], case["key_cache"],
+                                          case["value_cache"], case["slot_mapping"], case["block_table"],
+                                          case["seq_lens"], case["scale"], variant=("grouped-dot", 16, 4, 4))
+        torch.testing.assert_close(output.cpu().float(), ref_out.float(), atol=1e-2, rtol=0)
+
+    triton_attention._ARRIVALS.pop(key, None)
+    if device == "cpu":   # a capture on the CPU: only the query says so (nothing is recorded)
+        monkeypatch.setattr(cuda_runtime, "stream_capturing", lambda: True)
+        kept = len(triton_attention._KEPT)
+        launch()
+        assert key not in triton_attention._ARRIVALS and len(triton_attention._KEPT) == kept + 1
+        monkeypatch.undo()
+    launch()
+    arrivals = triton_attention._ARRIVALS[key]
+    launch()
+    assert triton_attention._ARRIVALS[key] is arrivals and not arrivals.any()
+
+
 @pytest.mark.parametrize("variant, dtype, message", [
     (("head", 32, 4, 4), torch.float16, "does not split the context"),
     (("grouped-dot", 32, 4, 1), torch.float32, "round a torch.float32 cache to tf32"),

@@ -17,6 +17,7 @@ try:
 except ImportError:  # CPU-only installs: the op uses its pure-torch path
     triton = None
 
+from vgc import cuda_runtime  # module attribute: tests substitute stream_capturing
 from vgc.ops.triton_launch import FastLauncher, uses_pdl
 
 HAS_TRITON = triton is not None
@@ -296,22 +297,25 @@ def decode_attention(output, query, key, value, key_cache, value_cache, slot_map
 
 # The split kernel's arrival counts, per KV cache: 0 between launches (the last program of each launch sets them
 # back). One set per cache, because two launches on one set at once (two models' graphs replayed on two streams)
-# would count each other's programs; launches on one cache are ordered anyway, as its writes must be. Every set
-# ever made is kept: a captured graph reads its address for good.
+# would count each other's programs; launches on one cache are ordered anyway, as its writes must be.
 _ARRIVALS: dict[tuple, torch.Tensor] = {}
+# Every set ever made stays alive: a captured graph reads its address for good.
+_KEPT: list[torch.Tensor] = []
 
 
 def _arrivals(key_cache: torch.Tensor, count: int) -> torch.Tensor:
     key = (key_cache.device, key_cache.data_ptr())
     held = _ARRIVALS.get(key)
-    if held is None or held.numel() < count:
-        # Made while a graph is captured, its zeroing is part of the graph: still 0 at each launch.
-        held = _ARRIVALS[key] = torch.zeros(max(count, 128), dtype=torch.int32, device=key_cache.device)
-        _KEPT.append(held)
-    return held
-
-
-_KEPT: list[torch.Tensor] = []
+    if held is not None and held.numel() >= count:
+        return held
+    made = torch.zeros(max(count, 128), dtype=torch.int32, device=key_cache.device)
+    _KEPT.append(made)
+    if cuda_runtime.stream_capturing():
+        # Made in a capture, its zeroing is a step of that graph: it runs at each replay of it and not before, so
+        # a graph that is never replayed (a capture undone) leaves it unwritten. The graph keeps it to itself.
+        return made
+    _ARRIVALS[key] = made
+    return made
 
 
 # Caches the grouped kernel scores on tensor cores (an fp32 cache would be rounded to tf32 there).
