@@ -168,3 +168,18 @@ def test_the_check_on_bound_arguments_finds_ids_where_dynamo_read_them():
     with pytest.raises(IndexError, match="the embedding other has 5 rows"):
         check({**good, "batch": {"extra": [torch.tensor([5])]}})
     assert request_checks.InputIdCheck([request_checks.CheckedInput(0, "", "x", "t", 5)]).by_argument_name() is None
+
+
+@pytest.mark.parametrize("shape", [(1,), (3, 5), (64,), (65,), (8, 100)])
+def test_every_reduction_of_the_ids_finds_the_bad_one(shape):
+    """Ids are reduced as a Python list up to 64 of them, by aminmax beyond: each way names the lowest and highest
+    id, wherever the bad one sits, in 1-D and 2-D ids."""
+    check = request_checks.InputIdCheck([request_checks.CheckedInput(0, "", "ids", "embed", 50)])
+    ids = torch.arange(torch.Size(shape).numel()).reshape(shape) % 50
+    check([ids])
+    for bad, position in ((50, -1), (-3, 0), (12345, ids.numel() // 2)):
+        broken = ids.clone()
+        broken.view(-1)[position] = bad
+        low, high = int(broken.min()), int(broken.max())
+        with pytest.raises(IndexError, match=rf"ids holds ids in \[{low}, {high}\] but the embedding embed has 50"):
+            check([broken])

@@ -88,6 +88,7 @@ def _argument_reader(source: str) -> Callable[[dict], Any]:
 
 
 _COPY_WHOLE = 4096   # ids up to this many are copied to the host and reduced there
+_AS_LIST = 64        # up to this many, reduced in Python
 
 
 def _check_ids(item: CheckedInput, ids) -> None:
@@ -97,8 +98,13 @@ def _check_ids(item: CheckedInput, ids) -> None:
         return
     if ids.is_cuda and ids.numel() > _COPY_WHOLE:
         low, high = torch.stack(torch.aminmax(ids)).tolist()   # one device-to-host copy, not two
+    elif ids.numel() <= _AS_LIST:
+        # A decode step's ids (one per sequence): as a Python list, in one copy, with no op dispatched on the
+        # host (a fifth of aminmax's host time per call).
+        values = ids.tolist() if ids.dim() == 1 else ids.reshape(-1).tolist()
+        low, high = min(values), max(values)
     else:
-        # Few ids (a decode step's one per sequence) come to the host whole: one copy and no kernel launch.
+        # Fewer ids than _COPY_WHOLE come to the host whole: one copy and no kernel launch.
         low, high = (value.item() for value in torch.aminmax(ids.cpu()))
     if low < 0 or high >= item.rows:
         raise IndexError(
