@@ -250,8 +250,8 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 def decode_attention(output, query, key, value, key_cache, value_cache, slot_mapping, block_table, seq_lens,
                      scale: float, variant: tuple[str, int, int, int] | None = None) -> None:
-    """Uniform decode in one launch: token t is sequence t's last position; its
-    K/V go to its slot (none for a negative slot) and it attends its cached context plus itself. No host sync.
+    """Uniform decode in one launch: token t is sequence t's last position; its K/V go to its slot (none for a
+    negative slot) and it attends its cached context plus itself. No host sync.
 
     Runs once per layer per step between piece graphs, so it reads each tensor's strides once (host time).
     `variant` forces a kernel as (kind, BLOCK_N, num_warps, SPLITS) (benchmarks, tests); by default `_decode_variant`
