@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# run2.sh with deadlines for a call of at most 450 s (device time was short).
+# Session of 2026-12-07, the call after this session's changes. Issue 47:
+# 1. gpu tests of the decode kernels (the split context merged in its own launch, PDL) and the decode step;
+# 2. the input copies before a replay, three ways (copies.py);
+# 3. `vgc bench decode` of the default row, processes alternating the main of the session's start (base/, ab26148)
+#    and this session's code: decode 1 and 8, prefill 512, kernels per step and gaps;
+# 4. host_path.py (2026-12-06 d) on this session's code.
+# Every cache starts empty.
+set -uo pipefail
+C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton CUDA_CACHE_PATH=$C/cuda TORCHINDUCTOR_CACHE_DIR=$C/inductor
+R=benchmarks/results/issue47-2026-12-07
+nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/card.txt
+PYTHONPATH=. timeout 140 python -m pytest -q -m gpu tests/ops/test_ops.py tests/ops/test_decode_step.py -p no:cacheprovider \
+  > $OUT/gpu_tests.txt 2>&1; echo "pytest rc $?" >> $OUT/gpu_tests.txt; tail -4 $OUT/gpu_tests.txt
+PYTHONPATH=. timeout 60 python $R/copies.py 2>&1 | grep -v Warning | tee $OUT/copies.txt
+for i in 1 2; do
+  for side in base new; do
+    [ $SECONDS -gt 330 ] && { echo "$side $i skipped at ${SECONDS}s"; continue; }
+    P=.; [ $side = base ] && P=$R/base
+    PYTHONPATH=$P timeout $(( 430 - SECONDS )) python -m vgc bench decode --only "vgc FULL_AND_PIECEWISE" --batches 1,8 \
+      --steps 200 2>&1 | grep -v Warning > $OUT/decode_${side}_$i.txt
+    echo "== $side $i (${SECONDS}s)"; grep -A3 "^strategy" $OUT/decode_${side}_$i.txt
+    grep -A1 "GPU kernels per call\|mean launch gap" $OUT/decode_${side}_$i.txt
+  done
+done
+[ $SECONDS -lt 380 ] && PYTHONPATH=. timeout $(( 440 - SECONDS )) python benchmarks/results/issue47-2026-12-06d/host_path.py new 2>&1 \
+  | grep -v Warning | tee $OUT/host_new.txt | head -40
+echo "done at ${SECONDS}s"
