@@ -35,6 +35,35 @@ def test_pad_values_numbers_and_edge():
     assert table.tolist() == [[7, 7], [7, 7], [0, 0], [0, 0]]
 
 
+def test_a_padded_call_copies_values_and_pad_entries_in_one_multi_tensor_copy_per_dtype(monkeypatch):
+    """A decode call padded to a capture size: its values and its number-padded tails in one
+    `torch._foreach_copy_` per dtype (no launch per input for the pads; "edge" pads repeat the last entry after
+    it); the same values while a graph is captured, where no pad tensor is made (its fill would be a step of the
+    graph) and the tails are filled in place."""
+    from vgc import cuda_runtime
+    from vgc.cudagraph import padding
+
+    calls = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda t, s: (calls.append(len(t)), real(t, s)))
+    batch = {"ids": torch.tensor([5, 6, 7]), "slots": torch.tensor([9, 10, 11]),
+             "lens": torch.tensor([3, 4, 1], dtype=torch.int32), "qsl": torch.tensor([0, 1, 2, 3], dtype=torch.int32)}
+    pad_values = {"ids": 0, "slots": -1, "lens": 0, "qsl": "edge"}
+    want = {"ids": [5, 6, 7, 0, 0], "slots": [9, 10, 11, -1, -1], "lens": [3, 4, 1, 0, 0], "qsl": [0, 1, 2, 3, 3, 3]}
+    for capturing in (False, True, False):
+        monkeypatch.setattr(cuda_runtime, "stream_capturing", lambda: capturing)
+        padding._FILLED.clear()
+        calls.clear()
+        static = StaticInputs(max_size=8, pad_values=pad_values)
+        for name, value in batch.items():
+            static.reserve(name, value, 0, 3)
+        views = static.pad_all(batch, dict.fromkeys(batch, 0), 2)
+        assert {name: view.tolist() for name, view in views.items()} == want
+        # values and number pads: int64 ids and slots with their tails, int32 lens and qsl with lens' tail
+        assert sorted(calls) == ([2, 2] if capturing else [3, 4])
+        assert len(padding._FILLED) == (0 if capturing else 3)
+
+
 def test_slice_outputs_cuts_the_learned_dims():
     out = (torch.zeros(8, 3), torch.zeros(3, 8), [torch.zeros(8)], 5)
     sliced = slice_outputs(out, 5)   # before the dims are learned: dim 0 when it is longer
@@ -65,18 +94,25 @@ def test_an_input_already_in_its_buffer_is_not_copied_onto_itself():
     in_place = static.buffers["ids"][:3]
     copies = []
     with _CountCopies(copies):
+        views = static.pad_all({"ids": in_place}, {"ids": 0}, 0)
+    assert views["ids"].tolist() == [4, 5, 6] and copies == []
+    with _CountCopies(copies):   # padded: only the pad entry is written
         views = static.pad_all({"ids": in_place}, {"ids": 0}, 1)
-    assert views["ids"].tolist() == [4, 5, 6, 0] and copies == []
+    assert views["ids"].tolist() == [4, 5, 6, 0]
+    assert copies == [("_foreach_copy_", [in_place.data_ptr() + 3 * 8])]
 
 
 class _CountCopies(torch.overrides.TorchFunctionMode):
+    """Records each copy op's name and the addresses it writes."""
+
     def __init__(self, copies):
         super().__init__()
         self.copies = copies
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if "copy" in getattr(func, "__name__", ""):
-            self.copies.append(func.__name__)
+            targets = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+            self.copies.append((func.__name__, [t.data_ptr() for t in targets]))
         return func(*args, **(kwargs or {}))
 
 

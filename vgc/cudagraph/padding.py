@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from vgc import _compat
+from vgc import cuda_runtime  # module attribute access: tests substitute stream_capturing
 
 PadValue = int | float | str
 _KEPT_SHAPES = 256
@@ -37,8 +38,8 @@ def pad_into(buffer: torch.Tensor, value: torch.Tensor, dim: int, pad: int, pad_
 
 def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: int,
              slots: list[tuple] | None = None) -> list[torch.Tensor]:
-    """`pad_into` for several (buffer, value, dim, pad value) at once: the copies go in one multi-tensor copy,
-    since every launch costs host time between replays. A value that already is the front of its buffer (an
+    """`pad_into` for several (buffer, value, dim, pad value) at once: the copies, and the pad entries of a number,
+    go in one multi-tensor copy per dtype, since every launch costs host time between replays. A value that already is the front of its buffer (an
     engine writing into vgc's buffers directly) is not copied. `slots`: each job's `buffer_slots`, when the
     caller keeps them."""
     if slots is None:
@@ -48,19 +49,41 @@ def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: 
         if value.data_ptr() != front.data_ptr() or value.stride() != front.stride():
             targets.append(front)
             sources.append(value)
+    edges = []
+    if pad:
+        # Pad entries of a number are copied from a tensor of that number, in the same multi-tensor copy as the
+        # values: a padded decode call costs no launch per input more than an exact one.
+        filled = not cuda_runtime.stream_capturing()
+        for (_, _, tail), (_, value, dim, pad_value) in zip(slots, jobs):
+            if pad_value == "edge":
+                edges.append((tail, value, dim))
+            elif filled:
+                targets.append(tail)
+                sources.append(_filled_like(tail, pad_value))
+            else:   # no tensor made in a capture: its fill would run only at the graph's replays
+                tail.fill_(pad_value)
     if targets:
         _compat.copy_many(targets, sources)
-    if pad:
-        for (_, _, tail), (_, value, dim, pad_value) in zip(slots, jobs):
-            size = value.shape[dim]
-            if pad_value == "edge":
-                if size == 0:
-                    tail.zero_()
-                else:
-                    tail.copy_(value.narrow(dim, size - 1, 1).expand_as(tail))
-            else:
-                tail.fill_(pad_value)
+    for tail, value, dim in edges:
+        size = value.shape[dim]
+        if size == 0:
+            tail.zero_()
+        else:
+            tail.copy_(value.narrow(dim, size - 1, 1).expand_as(tail))
     return [view for view, _, _ in slots]
+
+
+_FILLED: dict[tuple, torch.Tensor] = {}   # (shape, dtype, device, value) -> a tensor holding only that value
+
+
+def _filled_like(tail: torch.Tensor, value: PadValue) -> torch.Tensor:
+    key = (tail.shape, tail.dtype, tail.device, value)
+    filled = _FILLED.get(key)
+    if filled is None:
+        if len(_FILLED) >= _KEPT_SHAPES:   # pads of prefill shapes vary without bound: keep a recent few
+            _FILLED.clear()
+        filled = _FILLED[key] = torch.full(tail.shape, value, dtype=tail.dtype, device=tail.device)
+    return filled
 
 
 def buffer_slots(buffer: torch.Tensor, size: int, dim: int, pad: int) -> tuple:
