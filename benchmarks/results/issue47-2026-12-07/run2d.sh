@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# run2c cut to a call of at most 200 s: the gpu tests of the decode-attention kernels, then one `vgc bench decode`
+# process of this code (kernels per step). Every cache starts empty.
+set -uo pipefail
+C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton CUDA_CACHE_PATH=$C/cuda TORCHINDUCTOR_CACHE_DIR=$C/inductor
+nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/card.txt
+PYTHONPATH=. timeout 80 python -m pytest -q -m gpu tests/ops/test_ops.py -k "decode or attention" -p no:cacheprovider \
+  > $OUT/gpu_tests.txt 2>&1; echo "pytest rc $?" >> $OUT/gpu_tests.txt; tail -4 $OUT/gpu_tests.txt
+PYTHONPATH=. timeout $(( 195 - SECONDS )) python -m vgc bench decode --only "vgc FULL_AND_PIECEWISE" --batches 1,8 \
+  --prefill 128 --steps 100 2>&1 | grep -v Warning > $OUT/decode_new.txt
+grep -A3 "^strategy" $OUT/decode_new.txt; grep -A1 "GPU kernels per call\|mean launch gap" $OUT/decode_new.txt
+echo "done at ${SECONDS}s"
