@@ -10,7 +10,7 @@ set -uo pipefail
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton CUDA_CACHE_PATH=$C/cuda TORCHINDUCTOR_CACHE_DIR=$C/inductor
 R=benchmarks/results/issue47-2026-12-07
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/card.txt
-PYTHONPATH=. timeout 170 python -m pytest -q -m gpu tests/ops/test_ops.py tests/ops/test_decode_step.py -p no:cacheprovider \
+PYTHONPATH=. timeout 170 python -m pytest -q tests/ops/test_ops.py -k decode tests/ops/test_decode_step.py -p no:cacheprovider \
   > $OUT/gpu_tests.txt 2>&1; echo "pytest rc $?" >> $OUT/gpu_tests.txt; tail -4 $OUT/gpu_tests.txt
 PYTHONPATH=. timeout 60 python $R/copies.py 2>&1 | grep -v Warning | tee $OUT/copies.txt
 for i in 1 2; do

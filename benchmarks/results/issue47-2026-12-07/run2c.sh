@@ -5,7 +5,7 @@ set -uo pipefail
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton CUDA_CACHE_PATH=$C/cuda TORCHINDUCTOR_CACHE_DIR=$C/inductor
 R=benchmarks/results/issue47-2026-12-07
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/card.txt
-PYTHONPATH=. timeout 110 python -m pytest -q -m gpu tests/ops/test_ops.py -p no:cacheprovider \
+PYTHONPATH=. timeout 110 python -m pytest -q tests/ops/test_ops.py -k decode -p no:cacheprovider \
   > $OUT/gpu_tests.txt 2>&1; echo "pytest rc $?" >> $OUT/gpu_tests.txt; tail -4 $OUT/gpu_tests.txt
 for side in new base; do
   [ $SECONDS -gt 250 ] && { echo "$side skipped at ${SECONDS}s"; continue; }

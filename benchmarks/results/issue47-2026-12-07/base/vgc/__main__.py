@@ -1,0 +1,5 @@
+import sys
+
+from vgc.shells.cli import main
+
+sys.exit(main())

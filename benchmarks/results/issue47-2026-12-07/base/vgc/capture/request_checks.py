@@ -1,0 +1,210 @@
+"""Per-call checks of request values the compiled code cannot survive: token ids outside an embedding table.
+
+Eager `F.embedding` raises a catchable `IndexError` for an id outside the table. Inductor's code does not: on the
+CPU its bounds check (`TORCH_CHECK`) runs inside an OpenMP region of the generated C++ kernel, where a C++
+exception cannot unwind, so the process aborts (SIGABRT); on CUDA the Triton kernels are built with
+`tl.device_assert` on, and a failing device assert leaves the CUDA context unusable for the rest of the
+process. So before the compiled graph runs, the ids that go straight from a graph input into an embedding
+lookup are checked on the host: one `torch.aminmax` per checked input (about 2 µs on the CPU).
+
+On CUDA a few ids (a decode step's) come to the host whole, in one copy; more are reduced on the device and two
+numbers come back. Either way the check waits for the GPU work queued before it. It is skipped while a
+CUDA graph is being captured (no sync is allowed then; capture runs warm-up inputs). A FULL CUDA graph replayed
+by `vgc.compile` does not call the backend's function: its dispatcher runs the same check by argument name
+(`InputIdCheck.by_argument_name`) before the replay. `VGC_CHECK_INPUT_IDS=0` turns the check off for callers
+that validate ids themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from vgc import cuda_runtime  # module attribute: tests substitute it
+from vgc import _compat, envs
+from vgc.aliasing import mutated_inputs
+from vgc.capture.paths import resolve_source
+
+# Embedding lookups as Dynamo (or a hand-made aten graph) records them, and where their indices are.
+_INDEX_FIRST = {F.embedding}   # F.embedding(input, weight, ...)
+_WEIGHT_FIRST = {torch.embedding, torch.ops.aten.embedding, torch.ops.aten.embedding.default}   # (weight, indices)
+
+# Ops whose result holds exactly the values of their argument, each at least once: checking the argument checks
+# the ids the lookup sees. Ops that select some elements (slicing, indexing) are not followed: checking the whole
+# input there could refuse a request that eager accepts. Conversions are not followed either (`.int()` can wrap).
+_SAME_VALUES = {"view", "reshape", "flatten", "ravel", "unflatten", "squeeze", "unsqueeze", "contiguous", "view_as",
+                "reshape_as", "permute", "transpose", "t", "movedim", "expand", "expand_as", "alias", "detach"}
+
+
+@dataclass(frozen=True)
+class CheckedInput:
+    position: int    # the graph input's position in the compiled function's arguments
+    source: str      # where Dynamo read it, e.g. "L['input_ids']" ("" outside Dynamo)
+    name: str        # for messages, e.g. "input_ids"
+    table: str       # the embedding it indexes, for messages, e.g. "embed_tokens"
+    rows: int        # valid ids are 0 .. rows - 1
+
+
+class InputIdCheck:
+    """Called with the compiled function's arguments; raises `IndexError` when an id is outside its table."""
+
+    def __init__(self, checked: list[CheckedInput]):
+        self.checked = tuple(checked)
+
+    def __call__(self, args) -> None:
+        for item in self.checked:
+            _check_ids(item, args[item.position])
+
+    def by_argument_name(self) -> Callable[[dict], None] | None:
+        """The same check on a call's bound arguments (name -> value), for callers that run the compiled code
+        without its Dynamo arguments (a FULL CUDA graph replay). Ids are found where Dynamo read them: an
+        argument, or a part of one (`L['batch']['ids']`). None when there is nothing to check."""
+        readers = [(item, _argument_reader(item.source)) for item in self.checked
+                   if item.source.startswith("L[")]   # "": not read from an argument
+        if not readers:
+            return None
+
+        def check(arguments: dict) -> None:   # per FULL replay: the sources were parsed once, above
+            for item, read in readers:
+                _check_ids(item, read(arguments))
+        return check
+
+
+_ARGUMENT = re.compile(r"L\['(\w+)'\]")
+
+
+def _argument_reader(source: str) -> Callable[[dict], Any]:
+    """arguments -> the value Dynamo's `source` names: a plain dict lookup for a whole argument."""
+    match = _ARGUMENT.fullmatch(source)
+    if match:
+        name = match[1]
+        return lambda arguments: arguments.get(name)
+    return lambda arguments: resolve_source(source, arguments)
+
+
+_COPY_WHOLE = 4096   # ids up to this many are copied to the host and reduced there
+
+
+def _check_ids(item: CheckedInput, ids) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.numel() == 0:   # aminmax refuses an empty tensor
+        return
+    if cuda_runtime.stream_capturing():   # a graph never replays a check: it would only break the capture
+        return
+    if ids.is_cuda and ids.numel() > _COPY_WHOLE:
+        low, high = torch.stack(torch.aminmax(ids)).tolist()   # one device-to-host copy, not two
+    else:
+        # Few ids (a decode step's one per sequence) come to the host whole: one copy and no kernel launch.
+        low, high = (value.item() for value in torch.aminmax(ids.cpu()))
+    if low < 0 or high >= item.rows:
+        raise IndexError(
+            f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "
+            f"(valid: 0..{item.rows - 1}); the request was not run. Pass ids from the model's own "
+            "vocabulary (a tokenizer for another model, or padding with -1, gives such ids).")
+
+
+def checker_for(gm: fx.GraphModule, example_inputs: list) -> InputIdCheck | None:
+    """The check for `gm`'s inputs that feed embedding lookups, or None: nothing to check, or
+    `VGC_CHECK_INPUT_IDS=0`."""
+    if not envs.check_input_ids():
+        return None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    position = {node: i for i, node in enumerate(placeholders)}
+    written = mutated_inputs(gm)   # an input rewritten in the graph (ids masked in place) holds other values later
+    found: dict[int, CheckedInput] = {}
+    for node in gm.graph.nodes:
+        lookup = _embedding_lookup(gm, node, example_inputs, position)
+        if lookup is None:
+            continue
+        index, table, rows = lookup
+        while isinstance(index, fx.Node) and index.op != "placeholder" and _op_name(index) in _SAME_VALUES:
+            index = index.args[0]
+        i = position.get(index)
+        value = example_inputs[i] if i is not None and i < len(example_inputs) else None
+        if i is None or i in written or not _integer_tensor(value):
+            continue
+        source = _compat.placeholder_source_name(index)
+        if i not in found or rows < found[i].rows:   # one input indexing several tables: the smallest bounds it
+            found[i] = CheckedInput(i, source, _readable(source) or index.name, table, rows)
+    return InputIdCheck(list(found.values())) if found else None
+
+
+def checked(forward: Callable, check: InputIdCheck) -> Callable:
+    """`forward`, run only after `check` passed on its arguments."""
+    def call(*args):
+        check(args)
+        return forward(*args)
+    return call
+
+
+def _embedding_lookup(gm: fx.GraphModule, node: fx.Node, example_inputs: list, position: dict):
+    """(index node, table name, rows) when `node` is an embedding lookup with a table of known size, else None."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        if not isinstance(module, torch.nn.Embedding):
+            return None
+        index = node.args[0] if node.args else node.kwargs.get("input")
+        return index, str(node.target), module.num_embeddings
+    if node.op != "call_function":
+        return None
+    if node.target in _INDEX_FIRST:
+        index, weight = _arguments(node, ("input", "weight"))
+    elif node.target in _WEIGHT_FIRST:
+        weight, index = _arguments(node, ("weight", "indices"))
+    else:
+        return None
+    shape = getattr(_value(gm, weight, example_inputs, position), "shape", None)
+    if not shape or not isinstance(shape[0], int):   # a table with a symbolic size: nothing fixed to check against
+        return None
+    source = _compat.placeholder_source_name(weight) if isinstance(weight, fx.Node) else ""
+    return index, _module_path(source) or getattr(weight, "name", "weight"), shape[0]
+
+
+def _arguments(node: fx.Node, names: tuple[str, str]) -> tuple:
+    return tuple(node.args[i] if i < len(node.args) else node.kwargs.get(name) for i, name in enumerate(names))
+
+
+def _value(gm: fx.GraphModule, node, example_inputs: list, position: dict):
+    """The (fake) tensor behind `node`: what Dynamo recorded, else the example input or the module attribute."""
+    if not isinstance(node, fx.Node):
+        return None
+    value = _compat.traced_value(node)
+    if value is None and position.get(node) is not None and position[node] < len(example_inputs):
+        value = example_inputs[position[node]]
+    if value is None and node.op == "get_attr":
+        value = getattr(gm, node.target, None)   # a flat attribute name, as Dynamo writes them
+    return value
+
+
+def _integer_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor) and not value.is_floating_point() and not value.is_complex() and \
+        value.dtype != torch.bool
+
+
+def _op_name(node: fx.Node) -> str | None:
+    """The name of a tensor method, `torch.<name>` function or `aten::<name>` operator that `node` calls."""
+    if node.op == "call_method":
+        return node.target
+    if node.op != "call_function":
+        return None
+    names = _compat.operator_names(node.target)
+    if names:
+        namespace, _, name = names[0].partition("::")
+        return name if namespace == "aten" else None
+    name = getattr(node.target, "__name__", None)
+    return name if name and getattr(torch, name, None) is node.target else None
+
+
+def _readable(source: str) -> str:
+    """"L['input_ids']" -> "input_ids", "L['args'][1]" -> "args[1]": the argument as the caller wrote it."""
+    match = re.fullmatch(r"L\['(\w+)'\](.*)", source)
+    return match.group(1) + match.group(2) if match else source
+
+
+def _module_path(source: str) -> str:
+    """"L['self']._modules['model']._modules['embed_tokens']._parameters['weight']" -> "model.embed_tokens"."""
+    return ".".join(re.findall(r"_modules\['([^']+)'\]", source))

@@ -1,0 +1,1 @@
+"""Reference models traced by the vgc backend."""
