@@ -6,6 +6,7 @@
 #    and this session's code: decode 1 and 8, prefill 512, kernels per step and gaps;
 # 4. host_path.py (2026-12-06 d) on this session's code.
 # Every cache starts empty.
+# (`python -P`: without it, `python -m` puts the working directory first on sys.path and base/ is never imported.)
 set -uo pipefail
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton CUDA_CACHE_PATH=$C/cuda TORCHINDUCTOR_CACHE_DIR=$C/inductor
 R=benchmarks/results/issue47-2026-12-07
@@ -17,7 +18,7 @@ for i in 1 2; do
   for side in base new; do
     [ $SECONDS -gt 480 ] && { echo "$side $i skipped at ${SECONDS}s"; continue; }
     P=.; [ $side = base ] && P=$R/base
-    PYTHONPATH=$P timeout $(( 560 - SECONDS )) python -m vgc bench decode --only "vgc FULL_AND_PIECEWISE" --batches 1,8 \
+    PYTHONPATH=$P timeout $(( 560 - SECONDS )) python -P -m vgc bench decode --only "vgc FULL_AND_PIECEWISE" --batches 1,8 \
       --steps 200 2>&1 | grep -v Warning > $OUT/decode_${side}_$i.txt
     echo "== $side $i (${SECONDS}s)"; grep -A3 "^strategy" $OUT/decode_${side}_$i.txt
     grep -A1 "GPU kernels per call\|mean launch gap" $OUT/decode_${side}_$i.txt
