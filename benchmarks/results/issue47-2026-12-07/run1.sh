@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Not run (no machine came).
 # Session of 2026-12-07, first call. Issue 47: where a default decode call spends its time outside the graph
 # (host_path.py of 2026-12-06 d, with and without the token-id check). Issue 48: warm starts with bytecode
 # (run_pyc.sh's measurement). Every cache starts empty.

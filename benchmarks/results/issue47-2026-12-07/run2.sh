@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
+# Not run (no machine came); run2e.sh ran its tests, and the bench by hand (h100/decode_bench.txt).
 # Session of 2026-12-07, the call after this session's changes. Issue 47:
 # 1. gpu tests of the decode kernels (the split context merged in its own launch, PDL) and the decode step;
 # 2. the input copies before a replay, three ways (copies.py);
-# 3. `vgc bench decode` of the default row, processes alternating the main of the session's start (base/, ab26148)
+# 3. `vgc bench decode` of the default row, processes alternating the main of the session's start (base/: made here by
+#    `mkdir -p base && git archive ab26148 vgc | tar -x -C base`, not committed; it travels as an untracked folder)
 #    and this session's code: decode 1 and 8, prefill 512, kernels per step and gaps;
 # 4. host_path.py (2026-12-06 d) on this session's code.
 # Every cache starts empty.

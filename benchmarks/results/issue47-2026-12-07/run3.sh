@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Not run (no machine came).
 # Session of 2026-12-07, third call. Issue 47: the one-row matmul tiles chosen inside the PDL chain of a decode step
 # (benchmarks/sweep_chain_tiles.py), then the default decode step with the shipped tiles against the chosen ones,
 # one process, interleaved (decode_tiles.py). Every cache starts empty.
