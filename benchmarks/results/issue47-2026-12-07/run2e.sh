@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run2d cut to the tests (at most 130 s): the decode-attention kernels on CUDA and the decoder in every graph mode.
+# The tests of run2.sh, cut to a call of at most 130 s (device time was short): the decode-attention kernels on CUDA and the decoder in every graph mode. Ran on an H100 (h100/).
 # Every cache starts empty.
 set -uo pipefail
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton CUDA_CACHE_PATH=$C/cuda TORCHINDUCTOR_CACHE_DIR=$C/inductor
