@@ -361,3 +361,51 @@ def test_fused_kernels_chained_by_programmatic_dependent_launch_give_the_bits_of
     reference = h + delta
     result = expected[0].double() + expected[1].double()
     torch.testing.assert_close(result, reference, atol=0.05 * reference.abs().max().item(), rtol=0.05)
+
+
+@pytest.mark.gpu
+def test_decode_attention_chained_by_programmatic_dependent_launch_gives_the_bits_of_ordinary_launches(monkeypatch):
+    """Sixteen layers of q/k/v projection -> decode attention (its context split over 4 programs, merged by the
+    last to arrive) -> output projection, replayed in one CUDA graph with every kernel a PDL dependent: an attention
+    program that read q/k/v before the projection finished, a merge that read a split's state before it was
+    stored, or an arrival count not back at 0 for the next replay would give other bits than ordinary launches."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a CUDA GPU with programmatic dependent launch (sm_90 or later)")
+    from vgc.ops import triton_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(26)
+    heads, kv_heads, head_dim, block, context = 32, 8, 64, 16, 40
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    layers = [((torch.randn(heads * head_dim + 2 * kv_heads * head_dim, 2048, generator=gen, device="cuda")
+                * 2048 ** -0.5).bfloat16(),
+               (torch.randn(2048, heads * head_dim, generator=gen, device="cuda") * 2048 ** -0.5).bfloat16(),
+               torch.randn(8, block, kv_heads, head_dim, generator=gen, **bf16),
+               torch.randn(8, block, kv_heads, head_dim, generator=gen, **bf16)) for _ in range(16)]
+    block_table = torch.tensor([[5, 2, 7, 0]], device="cuda", dtype=torch.int32)
+    seq_lens = torch.tensor([context + 1], device="cuda", dtype=torch.int32)
+    slot_mapping = torch.tensor([7 * block + context % block], device="cuda")   # position 40: block table entry 2
+    x = torch.randn(1, 2048, generator=gen, **bf16)
+    pdl_on = [False]
+    monkeypatch.setattr(triton_attention, "uses_pdl", lambda t: pdl_on[0])
+
+    def chain(pdl):
+        pdl_on[0] = pdl
+        h = x
+        for w_qkv, w_o, key_cache, value_cache in layers:
+            qkv = torch.empty(1, w_qkv.shape[0], **bf16)
+            skinny_mm_into(qkv, h, w_qkv.t(), pdl=pdl)
+            q = qkv[:, :heads * head_dim].view(1, heads, head_dim)
+            k, v = (qkv[:, heads * head_dim + i * kv_heads * head_dim:][:, :kv_heads * head_dim]
+                    .view(1, kv_heads, head_dim) for i in (0, 1))
+            attn = torch.empty(1, heads, head_dim, **bf16)
+            triton_attention.decode_attention(attn, q, k, v, key_cache, value_cache, slot_mapping, block_table,
+                                              seq_lens, head_dim ** -0.5)
+            h = torch.empty(1, 2048, **bf16)
+            skinny_mm_into(h, attn.view(1, -1), w_o.t(), pdl=pdl)
+        return (h,)
+
+    assert triton_attention._decode_variant(1, kv_heads, head_dim, torch.bfloat16)[3] == 4   # the split path
+    (expected,) = _pdl_replays_give_the_plain_bits(chain)
+    assert expected.isfinite().all() and expected.abs().max() > 0
+    for arrivals in triton_attention._ARRIVALS.values():
+        assert not arrivals.any()
