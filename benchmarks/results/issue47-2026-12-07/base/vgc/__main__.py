@@ -1,5 +1,0 @@
-import sys
-
-from vgc.shells.cli import main
-
-sys.exit(main())

@@ -1,1 +1,0 @@
-"""Reference models traced by the vgc backend."""

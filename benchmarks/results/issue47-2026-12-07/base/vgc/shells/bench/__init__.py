@@ -1,1 +1,0 @@
-"""Benchmarks run by `vgc bench <name>`; each prints a table of numbers measured in one run."""
