@@ -24,7 +24,7 @@ import time
 import torch
 
 from vgc.ops.triton_skinny_mm import Tile, choose_tile, skinny_mm_into
-from vgc.shells.bench.timing import copy_bandwidth_gbs
+from vgc.shells.bench.timing import copy_bandwidth_gbs, timed_calls
 
 HIDDEN, KV, HEAD_DIM, INTER = 2048, 512, 64, 8192
 QKV = HIDDEN + 2 * KV
@@ -84,15 +84,7 @@ class Chain:
 
 
 def replay_us(graph, reps: int = 7) -> list[float]:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return times
+    return [ms * 1e3 for ms in timed_calls(lambda: graph.replay(), {}, reps)]
 
 
 def compare(graphs: list, rounds: int = 5) -> list[float]:

@@ -308,7 +308,7 @@ def _arrivals(key_cache: torch.Tensor, count: int) -> torch.Tensor:
     held = _ARRIVALS.get(key)
     if held is not None and held.numel() >= count:
         return held
-    made = torch.zeros(max(count, 128), dtype=torch.int32, device=key_cache.device)
+    made = torch.zeros(max(count, _SPLIT_BELOW), dtype=torch.int32, device=key_cache.device)
     _KEPT.append(made)
     if cuda_runtime.stream_capturing():
         # Made in a capture, its zeroing is a step of that graph: it runs at each replay of it and not before, so
@@ -317,6 +317,9 @@ def _arrivals(key_cache: torch.Tensor, count: int) -> torch.Tensor:
     _ARRIVALS[key] = made
     return made
 
+
+# Below this many programs (tokens x KV heads) the default splits the context; one arrival count per program
+_SPLIT_BELOW = 128
 
 # Caches the grouped kernel scores on tensor cores (an fp32 cache would be rounded to tf32 there).
 _TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
@@ -341,5 +344,5 @@ def _decode_variant(num_tokens: int, num_kv_heads: int, head_dim: int,
     16 programs took 14 us with 4000 but 7.7 with 2-30, so 4 is the default. Batch 8: 53 -> 21 us with 2048."""
     if dtype not in _TENSOR_CORE_DTYPES:
         return "head", 16, 1, 1
-    splits = 4 if num_tokens * num_kv_heads < 128 else 1
+    splits = 4 if num_tokens * num_kv_heads < _SPLIT_BELOW else 1
     return "grouped-dot", 64 if num_tokens <= 64 and head_dim <= 128 else 32, 4, splits
