@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run (no machine came).
+# Ran in the second session of 2026-12-07 as that session's third call (output: h100-b/call4), at e957348.
 # Session of 2026-12-07, first call. Issue 47: where a default decode call spends its time outside the graph
 # (host_path.py of 2026-12-06 d, with and without the token-id check). Issue 48: warm starts with bytecode
 # (run_pyc.sh's measurement). Every cache starts empty.

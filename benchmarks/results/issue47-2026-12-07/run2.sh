@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run (no machine came); run2e.sh ran its tests, and the bench by hand (h100/decode_bench.txt).
+# Ran in the second session of 2026-12-07 as its first call (output: h100-b/call2), at e957348; base/ from ab26148. (In the first session only run2e.sh ran, and the bench by hand: h100/.)
 # Session of 2026-12-07, the call after this session's changes. Issue 47:
 # 1. gpu tests of the decode kernels (the split context merged in its own launch, PDL) and the decode step;
 # 2. the input copies before a replay, three ways (copies.py);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run (no machine came).
+# Ran in the second session of 2026-12-07 as its second call (output: h100-b/call3), at e957348.
 # Session of 2026-12-07, third call. Issue 47: the one-row matmul tiles chosen inside the PDL chain of a decode step
 # (benchmarks/sweep_chain_tiles.py), then the default decode step with the shipped tiles against the chosen ones,
 # one process, interleaved (decode_tiles.py). Every cache starts empty.
