@@ -183,3 +183,40 @@ def test_every_reduction_of_the_ids_finds_the_bad_one(shape):
         low, high = int(broken.min()), int(broken.max())
         with pytest.raises(IndexError, match=rf"ids holds ids in \[{low}, {high}\] but the embedding embed has 50"):
             check([broken])
+
+
+def test_a_begun_check_of_host_ids_refuses_at_once():
+    """`begin` (a FULL replay's check, started before the inputs are padded) checks ids off CUDA where it is
+    called: the bad one is refused before any input is touched, and good ones leave nothing to wait for."""
+    check = request_checks.InputIdCheck([
+        request_checks.CheckedInput(0, "L['input_ids']", "input_ids", "embed", 10)]).by_argument_name()
+    assert check.begin({"input_ids": torch.tensor([0, 9])})() is None
+    with pytest.raises(IndexError, match=r"input_ids holds ids in \[0, 10\]"):
+        check.begin({"input_ids": torch.tensor([0, 10])})
+
+
+@pytest.mark.gpu
+def test_a_begun_check_of_cuda_ids_refuses_when_it_ends():
+    """On CUDA a decode step's ids travel to the host while the caller works; the end of the check waits for them
+    and refuses a bad one, in 1-D and 2-D, with checks overlapping (each reads its own copy); more ids than a
+    decode step's are checked at once; a check begun while a graph is being captured checks nothing."""
+    check = request_checks.InputIdCheck([
+        request_checks.CheckedInput(0, "L['input_ids']", "input_ids", "embed", 50)]).by_argument_name()
+    for shape in ((1,), (8,), (2, 32)):
+        ids = (torch.arange(torch.Size(shape).numel(), device="cuda") % 50).reshape(shape)
+        bad = ids.clone()
+        bad.view(-1)[-1] = 50
+        torch.cuda._sleep(20_000_000)   # the copies queue behind GPU work: the ends must wait for them
+        first, second, third = (check.begin({"input_ids": t}) for t in (ids, bad, ids))
+        assert first() is None
+        with pytest.raises(IndexError, match=r"input_ids holds ids in \[0, 50\]"):
+            second()
+        assert third() is None
+    many = torch.full((65,), 50, device="cuda")
+    with pytest.raises(IndexError, match=r"input_ids holds ids in \[50, 50\]"):
+        check.begin({"input_ids": many})
+    graph = torch.cuda.CUDAGraph()
+    bad = torch.tensor([50], device="cuda")
+    with torch.cuda.graph(graph):
+        finish = check.begin({"input_ids": bad})
+    assert finish() is None
