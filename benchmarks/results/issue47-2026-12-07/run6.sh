@@ -8,19 +8,19 @@ C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton CUDA_CAC
 R=benchmarks/results/issue47-2026-12-07
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/card.txt
 PYTHONPATH=. timeout 90 python -m pytest -q -p no:cacheprovider tests/capture/test_request_checks.py tests/cudagraph/test_dropin_full.py -m gpu 2>&1 | tail -3 | tee $OUT/tests.txt
-for i in 1 2; do
-  for side in base new; do
-    [ $SECONDS -gt 330 ] && { echo "$side $i skipped at ${SECONDS}s"; continue; }
-    P=.; [ $side = base ] && P=$R/base
-    PYTHONPATH=$P timeout 120 python -P $R/outside.py 1 8 2>&1 | grep -v Warn > $OUT/outside_${side}_$i.txt
-    echo "== $side $i (${SECONDS}s)"; cat $OUT/outside_${side}_$i.txt
-  done
-done
+outside() {   # $1 side, $2 round
+  P=.; [ $1 = base ] && P=$R/base
+  PYTHONPATH=$P timeout 120 python -P $R/outside.py 1 8 2>&1 | grep -v Warn > $OUT/outside_$1_$2.txt
+  echo "== $1 $2 (${SECONDS}s)"; cat $OUT/outside_$1_$2.txt
+}
+outside base 1; outside new 1
 export PYTHONPATH=.
 unset PYTHONDONTWRITEBYTECODE
 C=$(mktemp -d); export PYTHONPYCACHEPREFIX=$C/pyc VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton CUDA_CACHE_PATH=$C/cuda TORCHINDUCTOR_CACHE_DIR=$C/inductor
 D=benchmarks/results/issue48-2026-12-06d
-[ $SECONDS -lt 460 ] && SPAWNED=$(date +%s.%N) timeout 80 python $D/warm_profile.py cold 2>&1 | tail -1 | tee $OUT/warm.txt
-[ $SECONDS -lt 540 ] && SPAWNED=$(date +%s.%N) timeout 40 python $D/warm_profile.py warm $OUT/warm_profile.txt 2>&1 | tail -1 | tee -a $OUT/warm.txt
-[ $SECONDS -lt 560 ] && SPAWNED=$(date +%s.%N) timeout 30 python $D/warm_profile.py warm 2>&1 | tail -1 | tee -a $OUT/warm.txt
+[ $SECONDS -lt 300 ] && SPAWNED=$(date +%s.%N) timeout 80 python $D/warm_profile.py cold 2>&1 | tail -1 | tee $OUT/warm.txt
+[ $SECONDS -lt 340 ] && SPAWNED=$(date +%s.%N) timeout 40 python $D/warm_profile.py warm $OUT/warm_profile.txt 2>&1 | tail -1 | tee -a $OUT/warm.txt
+[ $SECONDS -lt 370 ] && SPAWNED=$(date +%s.%N) timeout 30 python $D/warm_profile.py warm 2>&1 | tail -1 | tee -a $OUT/warm.txt
+export PYTHONPATH=; unset PYTHONPYCACHEPREFIX
+[ $SECONDS -lt 420 ] && { outside base 2; outside new 2; }
 echo "done at ${SECONDS}s"
