@@ -11,8 +11,7 @@ On CUDA a few ids (a decode step's) come to the host whole, in one copy; more ar
 numbers come back. Either way the check waits for the GPU work queued before it. It is skipped while a
 CUDA graph is being captured (no sync is allowed then; capture runs warm-up inputs). A FULL CUDA graph replayed
 by `vgc.compile` does not call the backend's function: its dispatcher runs the same check by argument name
-(`InputIdCheck.by_argument_name`) before the replay, begun before the inputs are padded so that a decode step's
-ids are on their way to the host (pinned memory, no wait) while the host pads, and ended just before the replay. `VGC_CHECK_INPUT_IDS=0` turns the check off for callers
+(`InputIdCheck.by_argument_name`) before the replay. `VGC_CHECK_INPUT_IDS=0` turns the check off for callers
 that validate ids themselves.
 """
 
@@ -61,57 +60,19 @@ class InputIdCheck:
         for item in self.checked:
             _check_ids(item, args[item.position])
 
-    def by_argument_name(self) -> "ArgumentIdCheck | None":
+    def by_argument_name(self) -> Callable[[dict], None] | None:
         """The same check on a call's bound arguments (name -> value), for callers that run the compiled code
         without its Dynamo arguments (a FULL CUDA graph replay). Ids are found where Dynamo read them: an
         argument, or a part of one (`L['batch']['ids']`). None when there is nothing to check."""
         readers = [(item, _argument_reader(item.source)) for item in self.checked
                    if item.source.startswith("L[")]   # "": not read from an argument
-        return ArgumentIdCheck(readers) if readers else None
+        if not readers:
+            return None
 
-
-class ArgumentIdCheck:
-    """`InputIdCheck` by argument name (the sources parsed once). Called, it checks at once; `begin` starts the
-    check and returns the function that ends it, so that a replay's host work runs while the ids travel."""
-
-    def __init__(self, readers: list[tuple[CheckedInput, Callable[[dict], Any]]]):
-        self.readers = readers
-
-    def __call__(self, arguments: dict) -> None:
-        for item, read in self.readers:
-            _check_ids(item, read(arguments))
-
-    def begin(self, arguments: dict) -> Callable[[], None]:
-        """Copy a decode step's few ids on CUDA to the host without waiting; the returned function waits for
-        that copy alone (not for the work queued after it) and raises as a call would. Other ids are checked
-        here. The graph must not run before the returned function has: the ids are unchecked until then."""
-        pending = []
-        for item, read in self.readers:
-            ids = read(arguments)
-            if (isinstance(ids, torch.Tensor) and ids.is_cuda and 0 < ids.numel() <= _AS_LIST
-                    and not cuda_runtime.stream_capturing()):
-                # pinned: a non-blocking copy into pageable memory would wait for the GPU, as `tolist` does; the
-                # host allocator does not hand the block out again before this copy is done
-                host = torch.empty(ids.numel(), dtype=ids.dtype, pin_memory=True)
-                host.copy_(ids if ids.dim() == 1 else ids.reshape(-1), non_blocking=True)
-                pending.append((item, host))
-            else:
-                _check_ids(item, ids)
-        if not pending:
-            return _checked
-        copied = torch.cuda.Event()
-        copied.record()
-
-        def finish() -> None:
-            copied.synchronize()
-            for item, host in pending:
-                values = host.tolist()
-                _refuse_outside(item, min(values), max(values))
-        return finish
-
-
-def _checked() -> None:
-    return None
+        def check(arguments: dict) -> None:   # per FULL replay: the sources were parsed once, above
+            for item, read in readers:
+                _check_ids(item, read(arguments))
+        return check
 
 
 _ARGUMENT = re.compile(r"L\['(\w+)'\]")
@@ -145,10 +106,6 @@ def _check_ids(item: CheckedInput, ids) -> None:
     else:
         # Fewer ids than _COPY_WHOLE come to the host whole: one copy and no kernel launch.
         low, high = (value.item() for value in torch.aminmax(ids.cpu()))
-    _refuse_outside(item, low, high)
-
-
-def _refuse_outside(item: CheckedInput, low: int, high: int) -> None:
     if low < 0 or high >= item.rows:
         raise IndexError(
             f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "

@@ -13,7 +13,6 @@ import torch
 
 from vgc import cuda_runtime  # module attribute access: tests substitute capture()
 from vgc.capture.paths import argument_tensors, follow, InputMismatchError, render_path
-from vgc.capture.request_checks import ArgumentIdCheck
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.captured import capture_graph, CaptureLoop, CapturedGraph, largest_first
@@ -42,7 +41,7 @@ class GraphDispatcher:
     def __init__(self, call: Callable[[dict], Any], mode: CUDAGraphMode, capture_sizes: list[int],
                  dynamic: dict[str, int], pad_values: dict | None, uniform_decode: Callable[[dict], bool] | None,
                  runtime: GraphRuntime, traced_arguments: dict, traced_output: Any,
-                 id_check: ArgumentIdCheck | None = None, query_len: int = 1):
+                 id_check: Callable[[dict], None] | None = None, query_len: int = 1):
         self.call = call
         self.id_check = id_check   # token ids: a FULL replay skips the compiled forward, and its check with it
         self.mode = mode
@@ -93,17 +92,15 @@ class GraphDispatcher:
         if padded is None or not all(self.static.fits(name, arguments[name], dim, padded, size)
                                      for name, dim in self.dynamic.items()):
             return self._ungraphed(arguments)
+        padded_arguments = self._pad(arguments, padded, size)
         full = None
         if self.use_full and (self.uniform_decode is None or self.uniform_decode(arguments)):
             full = self.full.get(padded)
-        # The ids travel to the host while the inputs are padded; the replay waits for them alone.
-        checked = self.id_check.begin(arguments) if full is not None and self.id_check is not None else None
-        padded_arguments = self._pad(arguments, padded, size)
-        if full is not None and any(padded_arguments[name].shape != shape for name, shape in full.shapes.items()):
-            full = None   # another dynamic input relates to the batch size differently than at capture
+            if full is not None and any(padded_arguments[name].shape != shape for name, shape in full.shapes.items()):
+                full = None   # another dynamic input relates to the batch size differently than at capture
         if full is not None:
-            if checked is not None:
-                checked()
+            if self.id_check is not None:
+                self.id_check(arguments)
             self._check_pinned(full, padded_arguments)
             out = full.replay()
             counters.cudagraph_replays += 1
@@ -124,12 +121,11 @@ class GraphDispatcher:
         if full is None:
             return None
         extents = {name: full.shapes[name][dim] for name, dim in self.dynamic.items()}
-        checked = self.id_check.begin(arguments) if self.id_check is not None else None
         padded = self.static.pad_to(arguments, self.dynamic, extents)
         if padded is None:
             return None
-        if checked is not None:
-            checked()
+        if self.id_check is not None:
+            self.id_check(arguments)
         self._check_pinned(full, arguments)   # the pinned ones (KV caches) are not padded
         out = self._slice(full.replay(), size)
         counters.cudagraph_replays += 1
