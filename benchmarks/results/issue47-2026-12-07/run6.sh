@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Not run: no machine came. See run7.sh on the change it measures (reverted from main; begun_id_check.patch).
 # Second session of 2026-12-07, fifth call (run5.sh's measurements, and the begun id check against 8ea9d63).
 # Issue 47: the request-check gpu tests; outside.py (where a decode call's time outside its graph goes), processes
 # alternating 8ea9d63 (base/: `mkdir -p base && git archive 8ea9d63 vgc | tar -x -C base`, not committed) and this code.

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Not run: no machine came (run6.sh neither). The change it measures was reverted from main (e28e125, reverted by the
+# next commit; begun_id_check.patch here): to run it, `git apply` the patch in a checkout and make base/ from its parent.
 # Second session of 2026-12-07: run6.sh cut to what 290 s of device time allows (run6 never got a machine): the
 # request-check gpu tests, then outside.py at decode 1 on 8ea9d63 (base/, as in run6.sh) and on this code.
 set -uo pipefail
