@@ -115,6 +115,45 @@ def test_a_load_that_fails_with_stand_ins_loads_the_ordinary_way(artifact):
     assert report["diff"] < 1e-5 and report["stand_ins"] == []
 
 
+HEADERS = textwrap.dedent('''
+    import os
+    from torch._inductor import codecache
+    codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = sys.argv[3], os.path.join(sys.argv[3], "locks")
+    real, made = codecache._precompile_header, []
+
+    def counted(*args, **kwargs):   # Inductor's own step: a preprocessor run over torch's headers
+        made.append(args[0])
+        return real(*args, **kwargs)
+    codecache._precompile_header = counted
+    loaded = _compat.load_artifact(sys.argv[1], "binary", json.loads(sys.argv[2]))
+    report["diff"], report["made"] = check(loaded), made
+    print(json.dumps(report))
+''')
+
+
+def test_a_load_takes_the_precompiled_header_an_earlier_load_made(artifact, tmp_path):
+    """Inductor makes its C++ header again in every process before it looks a kernel up; a load takes it from the
+    record of an earlier process. A damaged record, or one whose compiled header is gone, makes it again and is
+    rewritten; the loaded kernels answer as torch's ops every time."""
+    path, names, env = artifact
+    headers = tmp_path / "headers"
+
+    def load():
+        report = json.loads(run(PRELUDE + HEADERS, path, json.dumps(names), str(headers), env=env))
+        assert report["diff"] < 1e-5
+        return report["made"]
+    assert load()   # the first load makes it (the test can fail)
+    records = list((headers / "vgc-known").iterdir())
+    assert records and load() == []
+    for record in records:
+        record.write_bytes(b"\xff\x00 not a path")
+    assert load()
+    assert all(os.path.isfile(record.read_text()) for record in records) and load() == []
+    for compiled in headers.glob("*.gch"):
+        compiled.unlink()
+    assert load() and load() == []
+
+
 def test_stand_ins_answer_only_their_thread_and_names():
     report = json.loads(run(PRELUDE + textwrap.dedent('''
         kernels = inductor_load.TorchKernels(["mm", "not a name", 3, "_private", "__class__"])
