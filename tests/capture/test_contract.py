@@ -175,3 +175,43 @@ def test_size_assumptions_read_as_python_in_the_calls_terms():
     assert _render(sympy.Le(-s0, -7), names) == "input_values.size(1) >= 7"
     assert _render(sympy.Ne(s1, 1), names) == "x.size(0) != 1"
     assert _render(sympy.Eq(s0, s1), names) == "input_values.size(1) == x.size(0)"
+
+
+def test_a_saved_plans_shape_guards_come_back_as_saved_and_read_the_same(monkeypatch):
+    """A warm start unpickles the trace's shape guards without simplifying them again (sympy's evaluation, and the
+    tensor algebra it imports, cost a warm start 0.05-0.1 s): each equals the saved expression, checks the same
+    calls and reads the same in messages."""
+    import pickle
+
+    import sympy
+    import torch.fx as fx
+
+    from vgc.capture.size_guards import build_size_guards
+    from vgc.piecewise.plan import GraphPlan, SavedGraph
+    from torch.utils._sympy.functions import FloorDiv
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    exprs = [sympy.Eq(s0, s1), sympy.Eq(sympy.Mod(s0, 8), 0), sympy.Le(7, s0), sympy.Ne(s0, 1),
+             sympy.Eq(4 * s0, 4 * s1), sympy.Lt(FloorDiv(s0, 2) + 3, s1), sympy.Le(-s0, -5)]
+    guards = [(e, "test", {s0: "L['x'].size()[0]", s1: "L['y'].size()[0]"}) for e in exprs]
+    split = fx.symbolic_trace(torch.nn.Identity())
+    plan = GraphPlan(split, [], [], "cpu", guards, compiler_guards=[], saved_split=pickle.dumps(split))
+    data = SavedGraph.serialize_compile_artifacts(SavedGraph(plan))
+
+    def built(snapshot):
+        return build_size_guards(snapshot, lambda where: where, conditions_level=None)
+    before = built(guards)
+    from sympy.core import relational
+    decided, is_eq = [], relational.is_eq   # sympy's evaluation of a relation: what a warm start skips
+    monkeypatch.setattr(relational, "is_eq", lambda *a, **k: decided.append(a) or is_eq(*a, **k))
+    loaded = SavedGraph.deserialize_compile_artifacts(data)
+    after = built(loaded.plan.shape_guards)
+    assert decided == []
+    assert [e for e, _, _ in loaded.plan.shape_guards] == exprs
+    assert [g.text for g in after] == [g.text for g in before] and len(after) == len(exprs)
+    assert {"7 <= x.size(0)", "x.size(0) >= 5"} <= {g.text for g in after}   # the second turned to read plainly
+    for sizes in ({"x": 16, "y": 16}, {"x": 16, "y": 24}, {"x": 3, "y": 3}, {"x": 8, "y": 9}):
+        for a, b in zip(before, after):
+            assert a.sizes == b.sizes
+            values = [sizes[arg] for arg, _, _ in a.sizes]
+            assert a.evaluate(*values) == b.evaluate(*values)

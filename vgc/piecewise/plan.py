@@ -12,6 +12,7 @@ import pickle
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -155,4 +156,9 @@ class SavedGraph(_compat.SerializableCallable):
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> "SavedGraph":
-        return cls(GraphPlan.from_saved(pickle.loads(data)))
+        # The shape guards' sympy expressions unpickle by calling their constructors, which would simplify them
+        # again (and import sympy's tensor algebra on the way: 0.04-0.1 s of a warm start); they were saved
+        # simplified, so they are rebuilt as they are.
+        with sympy.evaluate(False):
+            state = pickle.loads(data)
+        return cls(GraphPlan.from_saved(state))
