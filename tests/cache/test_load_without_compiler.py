@@ -125,7 +125,9 @@ HEADERS = textwrap.dedent('''
         made.append(args[0])
         return real(*args, **kwargs)
     codecache._precompile_header = counted
-    loaded = _compat.load_artifact(sys.argv[1], "binary", json.loads(sys.argv[2]))
+    from vgc.cache.cpp_headers import headers_remembered
+    with headers_remembered():   # as the store loads an artifact
+        loaded = _compat.load_artifact(sys.argv[1], "binary", json.loads(sys.argv[2]))
     report["diff"], report["made"] = check(loaded), made
     print(json.dumps(report))
 ''')

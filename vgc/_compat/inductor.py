@@ -9,7 +9,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import sys
 import tempfile
 from typing import Any, Callable, Iterable
@@ -40,27 +39,22 @@ def load_artifact(path: str, fmt: str, extern_kernels: Iterable[str] | None = No
     what is wrong with the file, if anything is."""
     from torch._inductor import CompiledArtifact
 
-    with _headers_remembered():
-        if extern_kernels is not None:
-            try:
-                with deferred_compiler(extern_kernels):
-                    return CompiledArtifact.load(path=path, format=fmt)
-            except Exception as e:  # noqa: BLE001  the ordinary load below decides
-                logger.debug("artifact %s: a load without Inductor's compiler failed (%s: %s); loading it with it",
-                             path, type(e).__name__, e)
-        return CompiledArtifact.load(path=path, format=fmt)
+    if extern_kernels is not None:
+        try:
+            with deferred_compiler(extern_kernels):
+                return CompiledArtifact.load(path=path, format=fmt)
+        except Exception as e:  # noqa: BLE001  the ordinary load below decides
+            logger.debug("artifact %s: a load without Inductor's compiler failed (%s: %s); loading it with it",
+                         path, type(e).__name__, e)
+    return CompiledArtifact.load(path=path, format=fmt)
 
 
 @contextlib.contextmanager
-def _headers_remembered():
-    """While an artifact loads, Inductor's precompiled header for C++ kernels (CPU) is taken from a record of an
-    earlier process instead of being made again (private `codecache._precompile_header`).
-
-    Before it looks a kernel up, every process runs the preprocessor over torch's headers and hashes the output,
-    to name the header (0.15 s of a warm start on a 2-core CPU); yet the header only serves to build a kernel that
-    is missing, and the kernel's key does not include it. The record names the header by what it is made from
-    (the header, the command, torch's build, the header file's and the compiler's size and time); a record that
-    is unreadable, or whose header or its compiled form is gone, is made again the ordinary way."""
+def precompile_header_wrapped(wrap: Callable[[Callable[..., str], str], Callable[..., str]]):
+    """While the block runs, Inductor's precompile of the header of its C++ kernels (private
+    `codecache._precompile_header(header, hashable_cmd_line, **compile_command) -> the header's path`, made in
+    `codecache._HEADER_DIR`) is `wrap(precompile, header_dir)`; where torch has no such function, it is left as
+    it is."""
     try:
         from torch._inductor import codecache
 
@@ -68,54 +62,11 @@ def _headers_remembered():
     except (ImportError, AttributeError):
         yield
         return
-    codecache._precompile_header = _remembering(precompile, os.path.join(header_dir, "vgc-known"))
+    codecache._precompile_header = wrap(precompile, header_dir)
     try:
         yield
     finally:
         codecache._precompile_header = precompile
-
-
-def _remembering(precompile: Callable[..., str], records: str) -> Callable[..., str]:
-    import hashlib
-
-    import torch
-
-    def header_made_from(header: str, hashable_cmd_line: str, compile_command: dict) -> str:
-        def stat(path: str | None):
-            try:
-                status = os.stat(path) if path else None
-            except OSError:
-                return None
-            return status and (status.st_size, status.st_mtime_ns)
-        source = os.path.join(os.path.dirname(torch.__file__), "include", header)
-        # a vector ISA's repr shows a function's address, which differs between processes
-        options = sorted((k, re.sub(r" at 0x[0-9a-fA-F]+", "", repr(v))) for k, v in compile_command.items())
-        what = (header, hashable_cmd_line, options,
-                torch.__version__, torch.version.git_version, stat(source), inductor_cpp_compiler())
-        return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
-
-    def precompile_header(*args: Any, **compile_command: Any) -> str:
-        if len(args) != 2 or not all(isinstance(a, str) for a in args):   # a torch that calls it otherwise
-            return precompile(*args, **compile_command)
-        header, hashable_cmd_line = args
-        record = os.path.join(records, header_made_from(header, hashable_cmd_line, compile_command))
-        try:
-            with open(record, encoding="utf-8") as f:
-                made = f.read()
-            if os.path.isfile(made) and any(os.path.isfile(made + ext) for ext in (".gch", ".pch")):
-                return made
-        except (OSError, UnicodeDecodeError, ValueError):
-            pass
-        made = precompile(header, hashable_cmd_line, **compile_command)
-        try:
-            os.makedirs(records, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=records, delete=False, encoding="utf-8") as f:
-                f.write(made)
-            os.replace(f.name, record)
-        except OSError:
-            pass   # an unwritable directory only costs the next process the preprocessor run
-        return made
-    return precompile_header
 
 
 def save_artifact(artifact, path: str, fmt: str) -> None:

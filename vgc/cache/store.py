@@ -22,6 +22,7 @@ from filelock import FileLock
 
 from vgc import _compat, envs
 from vgc.cache import json_data, kernel_hashes, recovery
+from vgc.cache.cpp_headers import headers_remembered
 from vgc.cache.layout import ARTIFACT_DIR, atomic_write, FACTORS_FILE, INDEX_FILE, LOCK_DIR, make_private_dirs
 from vgc.log import warn_once
 
@@ -366,12 +367,13 @@ class ArtifactStore:
     def _load_artifact(self, path: Path, extern_kernels: list[str] | None) -> Any:
         """Load a checked artifact; once more after removing the kernel files a failed load named (a 0-byte `.so`
         left by a killed compile), so that a damaged kernel costs a rebuild of that kernel, not a recompile."""
-        try:
+        with headers_remembered():
+            try:
+                return _compat.load_artifact(str(path), self.format, extern_kernels)
+            except Exception as error:
+                if self.kernel_root is None or not recovery.remove_suspects(error, self.kernel_root):
+                    raise
             return _compat.load_artifact(str(path), self.format, extern_kernels)
-        except Exception as error:
-            if self.kernel_root is None or not recovery.remove_suspects(error, self.kernel_root):
-                raise
-        return _compat.load_artifact(str(path), self.format, extern_kernels)
 
     def save(self, name: str, artifact: Any, meta: dict[str, Any]) -> None:
         path = self.artifact_path(name)
