@@ -1,10 +1,13 @@
-"""Inductor's hash of torch's sources is remembered under the cache root, by a signature of those files, and handed
-to Inductor by the next process (which then reads no torch module to hash it); a damaged record is computed again."""
+"""The hashes of torch's sources (Inductor's) and of Triton's compiler (Triton's) are remembered under the cache root, by
+a signature of those files, and handed to the next process (which then reads none of them to hash them); a damaged
+record is computed again."""
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from vgc.cache import keys
 
@@ -80,3 +83,45 @@ def test_the_signature_follows_every_module_file(tmp_path):
     assert keys._files_signature(str(package)) != edited
     (package / "c.py").write_text("")
     assert len({before, edited, keys._files_signature(str(package))}) == 3
+
+
+# A fresh process: Triton's hash answered from the record under the root given, then read from Triton's module
+# (where Triton's compile reads it), from a module of Triton's that imported it by name before, and from torch's
+# module that imports it after.
+TRITON_PROBE = """
+import json, pathlib, sys
+import triton.runtime.autotuner, triton.runtime.cache as triton_cache
+original = triton_cache.triton_key
+from vgc.cache import keys
+keys.remember_triton_key(pathlib.Path(sys.argv[1]))
+from torch._inductor.runtime import triton_compat
+print(json.dumps({"keys": [triton_cache.triton_key(), triton.runtime.autotuner.triton_key(), triton_compat.triton_key()],
+                  "read_triton_files": original.cache_info().currsize > 0}))
+"""
+
+
+def triton_probe(root) -> dict:
+    out = subprocess.run([sys.executable, "-c", TRITON_PROBE, str(root)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_tritons_hash_is_remembered_answered_everywhere_and_a_damaged_record_is_computed_again(tmp_path):
+    """Without Triton (CI's CPU wheel) there is nothing to remember; this runs where Triton is installed."""
+    pytest.importorskip("triton")
+    from triton.runtime.cache import triton_key
+
+    root = tmp_path / "root"
+    root.mkdir()
+    first = triton_probe(root)
+    assert first["read_triton_files"] and first["keys"] == [triton_key()] * 3
+    [record] = sorted((root / keys.TRITON_KEYS_DIR).iterdir())
+    assert record.read_text().split()[0] == triton_key()
+
+    assert triton_probe(root) == {"keys": first["keys"], "read_triton_files": False}   # nothing of Triton's read
+
+    text = record.read_text()
+    for damaged in (text.replace("-", "+", 1), "", "3.0 1234", "\xff" + text):   # one character changed, garbage
+        record.write_text(damaged)
+        assert triton_probe(root) == first
+        assert record.read_text() == text

@@ -179,6 +179,30 @@ def torch_source_key(known: bytes | None = None) -> bytes:
     return torch_key()
 
 
+def triton_source_key(known: str | None = None) -> str | None:
+    """Triton's hash of its compiler's sources and its library (`triton.runtime.cache.triton_key`, cached per
+    process; Triton's and torch's private modules import it by name); None without Triton. `known`, the value an
+    earlier process computed for these same files, answers instead, in every module that holds the function,
+    unless this process has computed its own already."""
+    try:
+        import triton.runtime.cache as triton_cache
+    except ImportError:
+        return None
+    current = triton_cache.triton_key
+    computed = getattr(current, "cache_info", None)
+    if known is None or computed is None or computed().currsize:   # nothing known, an unknown Triton, or too late
+        return current()
+
+    def triton_key() -> str:
+        return known
+    triton_key.cache_info = computed   # Triton's own cache stays empty: nothing was read
+    triton_key.cache_clear = current.cache_clear
+    for name, module in list(sys.modules.items()):
+        if name.startswith(("triton", "torch")) and getattr(module, "triton_key", None) is current:
+            module.triton_key = triton_key
+    return known
+
+
 def cpu_vec_isa() -> str:
     """The CPU vector ISA Inductor generates C++ for on this machine, e.g. "avx512" (private `cpu_vec_isa`).
 

@@ -10,7 +10,8 @@ from vgc import envs
 from vgc.cache import recovery
 from vgc.cache.cpu_isa import remember_cpu_isa_probes
 from vgc.cache.inventory import closest_entry
-from vgc.cache.keys import cache_key, compiles, environment_factors, remember_torch_build_key, source_factors
+from vgc.cache.keys import (
+    cache_key, compiles, environment_factors, remember_torch_build_key, remember_triton_key, source_factors)
 from vgc.cache.layout import CACHE_SUBDIR, make_private_dirs, NOT_A_DIRECTORY, untrusted_reason
 from vgc.cache.recovery import INDUCTOR_SUBDIR
 from vgc.cache.store import ArtifactStore, NoStore, Store
@@ -133,6 +134,8 @@ def entry_key(config: CompilationConfig, device_type: str, paths: list[str]) -> 
     root = cache_root(config)
     if root.is_dir():
         remember_torch_build_key(root)
+        if device_type == "cuda":
+            remember_triton_key(root)
     return cache_key(factors, environment_factors(device_type, compiles(factors)), source_factors(paths))
 
 

@@ -10,7 +10,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -55,13 +55,15 @@ def compiles(config_factors: dict[str, Any]) -> bool:
 
 
 TORCH_KEYS_DIR = "torch_keys"   # <root>/torch_keys/<signature of torch's files>: Inductor's hash of them
+TRITON_KEYS_DIR = "triton_keys"   # <root>/triton_keys/<signature of Triton's files>: Triton's hash of them
 
 
-def _files_signature(directory: str) -> str:
+def _files_signature(directory: str, version: str = torch.__version__ + (torch.version.git_version or "")) -> str:
     """A digest of the name, size and modification time of every Python and extension module under `directory`
-    (a superset of what Inductor's torch hash reads), its path and torch's version: any file replaced, edited
-    or added changes it. Stat calls only: about 30 ms for a torch install, against 0.1-0.7 s to read it all."""
-    h = hashlib.sha256(repr((torch.__version__, torch.version.git_version, directory)).encode())
+    (a superset of what Inductor's torch hash, or Triton's, reads), its path and the package's `version`: any file
+    replaced, edited or added changes it. Stat calls only: about 30 ms for a torch install, against 0.1-0.7 s to
+    read it all."""
+    h = hashlib.sha256(repr((version, directory)).encode())
     for dirpath, dirnames, files in os.walk(directory):
         dirnames.sort()
         for name in sorted(files):
@@ -72,30 +74,60 @@ def _files_signature(directory: str) -> str:
     return h.hexdigest()[:32]
 
 
-@functools.cache
-def remember_torch_build_key(root: Path) -> None:
-    """Inductor's hash of torch's sources, remembered under `root` by a signature of those files, so that the next
-    process hands it to Inductor instead of reading every torch module again (0.3-0.7 s of a warm start on a GPU
-    host). A record that is unreadable or not a hash is computed again and rewritten; a root that cannot be
-    written leaves each process computing it, as before."""
-    signature = _files_signature(_TORCH_DIR)
-    path = root / TORCH_KEYS_DIR / signature
-
-    def record(value: bytes) -> bytes:   # the hash and a check of it: a damaged record is never taken for one
-        return f"{value.hex()} {hashlib.sha256(value + signature.encode()).hexdigest()[:16]}".encode()
+def _remember(path: Path, value_of: Callable[[str | None], str | None], valid: Callable[[str], bool]) -> None:
+    """`value_of(the text an earlier process recorded at path)` (None when there is none, or it is unreadable,
+    damaged or not `valid`), recorded there when it returns another. A record carries a check of its text and its
+    name, so a damaged one is never taken for a value; a root that cannot be written leaves each process
+    computing the value, as without a record."""
+    def record(value: str) -> bytes:
+        return f"{value} {hashlib.sha256((value + path.name).encode()).hexdigest()[:16]}".encode()
     try:
         text = path.read_bytes()
-        known = bytes.fromhex(text.split()[0].decode())
-        known = known if len(known) == 32 and record(known) == text else None
+        known = text.split()[0].decode()
+        known = known if record(known) == text and valid(known) else None
     except (OSError, ValueError, IndexError, UnicodeDecodeError):
         known = None
-    value = _compat.torch_source_key(known)
-    if value != known:
+    value = value_of(known)
+    if value is not None and value != known:
         try:
             make_private_dirs(path.parent)
             atomic_write(path, record(value))
         except OSError:
             pass
+
+
+def _is_hex_of(length: int) -> Callable[[str], bool]:
+    def valid(text: str) -> bool:
+        try:
+            return len(bytes.fromhex(text)) == length
+        except ValueError:
+            return False
+    return valid
+
+
+@functools.cache
+def remember_torch_build_key(root: Path) -> None:
+    """Inductor's hash of torch's sources, remembered under `root` by a signature of those files, so that the next
+    process hands it to Inductor instead of reading every torch module again (0.3-0.7 s of a warm start on a GPU
+    host)."""
+    _remember(root / TORCH_KEYS_DIR / _files_signature(_TORCH_DIR),
+              lambda known: _compat.torch_source_key(known and bytes.fromhex(known)).hex(), _is_hex_of(32))
+
+
+@functools.cache
+def remember_triton_key(root: Path) -> None:
+    """Triton's hash of its compiler's sources and its library, remembered under `root` by a signature of those
+    files. Triton computes it in every process before it compiles or loads its first kernel, and Inductor on every
+    artifact it loads for a GPU (for its autotuning cache's key, unused unless that cache is remote): it reads the
+    ~400 MB libtriton, 0.2-0.4 s of a warm start on a GPU host. The next process's Triton and Inductor are answered
+    with the recorded value."""
+    try:
+        import triton
+    except ImportError:
+        return
+    signature = _files_signature(os.path.dirname(triton.__file__), triton.__version__)
+    _remember(root / TRITON_KEYS_DIR / signature, _compat.triton_source_key,
+              lambda text: text.startswith(triton.__version__) and len(text) > 64)
 
 
 @functools.cache
