@@ -1,6 +1,6 @@
-"""The hashes of torch's sources (Inductor's) and of Triton's compiler (Triton's) are remembered under the cache root, by
-a signature of those files, and handed to the next process (which then reads none of them to hash them); a damaged
-record is computed again."""
+"""The hashes of torch's sources (Inductor's) and of Triton's compiler (Triton's) are remembered under the cache
+root, by a signature of those files, and handed to the next process (which then reads none of them to hash them); a
+damaged record is computed again."""
 
 import json
 import os
