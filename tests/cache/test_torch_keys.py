@@ -125,3 +125,21 @@ def test_tritons_hash_is_remembered_answered_everywhere_and_a_damaged_record_is_
         record.write_text(damaged)
         assert triton_probe(root) == first
         assert record.read_text() == text
+
+
+def test_a_cold_start_records_both_hashes_once_its_root_exists(tmp_path):
+    """A cold start looks its trace up before the root exists (nothing is recorded then), so the store it opens to
+    save records the hashes; the first warm process reads neither torch's nor (where installed) Triton's files to
+    hash them."""
+    root = tmp_path / "new-root"
+    opened = subprocess.run(
+        [sys.executable, "-c", "import vgc; from vgc.cache.entry import open_store; "
+         "print(type(open_store(vgc.CompilationConfig(), 'cuda', [], key=('0' * 16, {}))).__name__)"],
+        env={**os.environ, "VGC_CACHE_ROOT": str(root)}, capture_output=True, text=True, timeout=300)
+    assert opened.stdout.split() == ["ArtifactStore"], opened.stderr[-3000:]
+    assert probe(root)["read_torch_files"] is False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    assert triton_probe(root)["read_triton_files"] is False

@@ -133,10 +133,16 @@ def entry_key(config: CompilationConfig, device_type: str, paths: list[str]) -> 
     factors = config.hash_factors()
     root = cache_root(config)
     if root.is_dir():
-        remember_torch_build_key(root)
-        if device_type == "cuda":
-            remember_triton_key(root)
+        _remember_hashes(root, device_type)
     return cache_key(factors, environment_factors(device_type, compiles(factors)), source_factors(paths))
+
+
+def _remember_hashes(root: Path, device_type: str) -> None:
+    """The hashes of installed code the next process would compute again (torch's; Triton's, for a GPU), recorded
+    under the root, or handed over from there: a cold start records them once its root exists."""
+    remember_torch_build_key(root)
+    if device_type == "cuda":
+        remember_triton_key(root)
 
 
 def untrusted_entry(root: Path, key: str) -> tuple[Path, str] | None:
@@ -154,6 +160,7 @@ def open_store(config: CompilationConfig, device_type: str, paths: list[str], mo
     root = open_root(config)
     if root is None:
         return NoStore()
+    _remember_hashes(root, device_type)
     fmt = save_format(config)
     kernel_root = root if _USER_INDUCTOR_CACHE_DIR is None else None
     key, factors = key if key is not None else entry_key(config, device_type, paths)
