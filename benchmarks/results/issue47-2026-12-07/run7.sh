@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Third session of 2026-12-07: measured instead by benchmarks/results/issue48-2026-12-07/run8.sh (begun check and outside.py
+# on one H100): no gain, the patch stays out (docs/benchmarks-log.md).
 # Not run: no machine came (run6.sh neither). The change it measures was reverted from main (e28e125, reverted by the
 # next commit; begun_id_check.patch here): to run it, `git apply` the patch in a checkout and make base/ from its parent.
 # Second session of 2026-12-07: run6.sh cut to what 290 s of device time allows (run6 never got a machine): the
