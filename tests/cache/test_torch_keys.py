@@ -95,8 +95,8 @@ original = triton_cache.triton_key
 from vgc.cache import keys
 keys.remember_triton_key(pathlib.Path(sys.argv[1]))
 from torch._inductor.runtime import triton_compat
-keys = [triton_cache.triton_key(), triton.runtime.autotuner.triton_key(), triton_compat.triton_key()]
-print(json.dumps({"keys": keys, "read_triton_files": original.cache_info().currsize > 0}))
+answers = [triton_cache.triton_key(), triton.runtime.autotuner.triton_key(), triton_compat.triton_key()]
+print(json.dumps({"keys": answers, "read_triton_files": original.cache_info().currsize > 0}))
 """
 
 
