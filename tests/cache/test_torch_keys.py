@@ -59,12 +59,19 @@ def test_the_hash_is_remembered_handed_to_inductor_and_a_damaged_record_is_compu
         assert record.read_text() == text
 
 
-def test_a_root_that_cannot_hold_the_record_computes_the_hash_each_time(tmp_path):
+def test_a_root_that_cannot_hold_the_records_computes_the_hashes_each_time(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     (root / keys.TORCH_KEYS_DIR).write_text("a file where the records' directory goes")   # refuses writes, as root too
     assert probe(root)["read_torch_files"] and probe(root)["read_torch_files"]
     assert (root / keys.TORCH_KEYS_DIR).read_text() == "a file where the records' directory goes"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    (root / keys.TRITON_KEYS_DIR).write_text("a file where the records' directory goes")
+    assert triton_probe(root)["read_triton_files"] and triton_probe(root)["read_triton_files"]
+    assert (root / keys.TRITON_KEYS_DIR).read_text() == "a file where the records' directory goes"
 
 
 def test_the_signature_follows_every_module_file(tmp_path):
