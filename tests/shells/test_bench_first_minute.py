@@ -20,3 +20,4 @@ def test_a_tiered_row_that_never_swapped_has_no_full_speed(tmp_path):
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["tier_calls"]["compiled"] == 0 and row["generates"] >= 1
     assert math.isnan(row["full_speed_s"]) and row["first_output_s"] > 0
+    assert row["background_compile"] == "running"   # said by the row, beside its missing full speed

@@ -60,7 +60,10 @@ def _child(row: str, model_name: str, device: str, seconds: float, spawned_at: f
                       "first_output_s": ends[0] - spawned_at,
                       "full_speed_s": float("nan") if full is None else full - spawned_at,
                       "tokens_per_s": NEW_TOKENS * len(ends) / (ends[-1] - began), "generates": len(ends),
-                      "window_s": ends[-1] - began, "tier_calls": stats.get("tier_calls")}))
+                      "window_s": ends[-1] - began, "tier_calls": stats.get("tier_calls"),
+                      # a tiered row: "running" (the window ended first), "failed" or "done", and its seconds
+                      "background_compile": stats.get("background_compile"),
+                      "background_compile_s": stats.get("seconds", {}).get("background_compile")}))
 
 
 def run(model_name: str, device: str, seconds: float, env: dict[str, str]) -> list[dict]:
@@ -82,9 +85,11 @@ def report(results: list[dict], seconds: float) -> None:
           f"{'tok/s over ' + format(seconds, 'g') + ' s':>20s}{'generates':>11s}")
     for r in results:
         print(f"{r['row']:24s}{r['import_s']:9.2f}s{r['model_s']:9.2f}s{r['first_output_s']:13.2f}s"
-              f"{r['full_speed_s']:11.2f}s{r['tokens_per_s']:20.1f}{r['generates']:11d}")
+              f"{r['full_speed_s']:11.2f}s{r['tokens_per_s']:20.1f}{r['generates']:11d}"
+              + (f"  background compile {r['background_compile']}" if r.get("background_compile") else ""))
     print("times from the process's start; full speed: the end of the first generate() begun on the compiled model "
-          "within 10% of the last three such (nan: none in the window)")
+          "within 10% of the last three such (nan: none in the window; a tiered row says whether its background "
+          "compile was still running then, failed or done)")
 
 
 if __name__ == "__main__":
