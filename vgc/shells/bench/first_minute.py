@@ -13,6 +13,7 @@ per second over the window.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -85,10 +86,11 @@ def report(results: list[dict], seconds: float) -> None:
           f"{'tok/s over ' + format(seconds, 'g') + ' s':>20s}{'generates':>11s}")
     for r in results:
         print(f"{r['row']:24s}{r['import_s']:9.2f}s{r['model_s']:9.2f}s{r['first_output_s']:13.2f}s"
-              f"{r['full_speed_s']:11.2f}s{r['tokens_per_s']:20.1f}{r['generates']:11d}"
+              + (f"{r['full_speed_s']:11.2f}s" if not math.isnan(r["full_speed_s"]) else f"{'none':>12s}")
+              + f"{r['tokens_per_s']:20.1f}{r['generates']:11d}"
               + (f"  background compile {r['background_compile']}" if r.get("background_compile") else ""))
     print("times from the process's start; full speed: the end of the first generate() begun on the compiled model "
-          "within 10% of the last three such (nan: none in the window; a tiered row says whether its background "
+          "within 10% of the last three such (none: no such generate() in the window; a tiered row says whether its background "
           "compile was still running then, failed or done)")
 
 
