@@ -113,7 +113,8 @@ def remember_torch_build_key(root: Path) -> None:
     process hands it to Inductor instead of reading every torch module again (0.3-0.7 s of a warm start on a GPU
     host)."""
     _remember(root / TORCH_KEYS_DIR / _files_signature(_TORCH_DIR),
-              lambda known: _compat.torch_source_key(known and bytes.fromhex(known)).hex(), _is_hex_of(32))
+              lambda known: _compat.torch_source_key(None if known is None else bytes.fromhex(known)).hex(),
+              _is_hex_of(32))
 
 
 @functools.cache
