@@ -18,7 +18,8 @@ from typing import Any, Callable
 import torch
 
 from vgc import _compat, cuda_runtime
-from vgc.background_compile import BackgroundCompile, read_payload, write_result
+from vgc.background_compile import BackgroundCompile, HeadStart, read_payload, write_result
+from vgc.cache.entry import records_root
 from vgc.capture import compile_ranges
 from vgc.capture.contract import (argument_specs, check_dynamic_arg_dims, DimSpec, dynamic_dims, InputContract,
                                   mark_dynamic_dims, padded_dims)
@@ -79,6 +80,7 @@ class CompiledModel:
         self._tier_calls = {"eager": 0, "graphs": 0, "compiled": 0}
         self._first_graphs: BreakableGraphs | None = None   # tiered, on CUDA: the first tier's graphs
         self._background: BackgroundCompile | None = None
+        self._head_start: HeadStart | None = None   # tiered: what the first call waits on, begun at warm-up
         self.background_compile: str | None = None   # tiered: "running", "done" or "failed"
         self._pending_warmup: tuple | None = None   # the warmup() a swap runs, from the cache
         self._load_only = False   # a start that must load its trace (a tiered one), never trace it
@@ -143,6 +145,9 @@ class CompiledModel:
         compiled."""
         if self._background is not None and self._background.done():
             self._swap(args, kwargs)
+        if self._head_start is not None:
+            self._head_start.wait()
+            self._head_start = None
         if self.tier == "eager":
             graphs = self._first_graphs
             with torch.no_grad():
@@ -222,6 +227,8 @@ class CompiledModel:
             return self.stats()
         weakref.finalize(self, self._background.cleanup)   # a server that exits stops its compile
         self.tier, self.background_compile = "eager", "running"
+        tensors = [t for value in (*args, *kwargs.values()) for _, t in argument_tensors(value)]
+        self._head_start = HeadStart(records_root(self.config), _compat.device_from_inputs(tensors).type)
         try:
             self._first_graphs = self._first_tier_graphs(self._trace_size(trace_size), make_inputs,
                                                          make_decode_inputs)

@@ -150,3 +150,54 @@ def test_a_cold_start_records_both_hashes_once_its_root_exists(tmp_path):
     except ImportError:
         return
     assert triton_probe(root)["read_triton_files"] is False
+
+
+# A fresh process: a tiered start's head start under the root given, waited for as its first call waits, then to
+# its end (its torch part is not waited for by a call).
+HEAD_START = """
+import json, pathlib, sys, threading, vgc
+from vgc.background_compile import HeadStart
+from vgc.cache.entry import records_root
+root = records_root(vgc.CompilationConfig(cache_dir=sys.argv[1]))
+head = HeadStart(root, "cuda")
+head.wait()
+waited = [t.is_alive() for t in head._needed]
+for thread in threading.enumerate():
+    if thread.name == "vgc-head-start":
+        thread.join()
+print(json.dumps({"root": None if root is None else str(root), "still_needed": waited}))
+"""
+
+
+def head_start(root) -> dict:
+    out = subprocess.run([sys.executable, "-c", HEAD_START, str(root)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_tiered_start_records_both_hashes_for_its_child_before_any_store_opens(tmp_path):
+    """The serving process of a tiered start records them in threads while its child imports torch, so the child
+    (and every later process) reads neither torch's nor (where installed) Triton's files to hash them. Its first
+    call waits for Triton's part only: after `wait()` nothing it needs is still running."""
+    root = tmp_path / "new-root"
+    assert head_start(root) == {"root": str(root), "still_needed": []}
+    assert probe(root)["read_torch_files"] is False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    assert triton_probe(root)["read_triton_files"] is False
+
+
+def test_a_head_start_writes_nothing_under_an_untrusted_root_and_survives_one_that_refuses_writes(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)   # anyone could plant a record there: the child would not load from it either
+    assert head_start(shared) == {"root": None, "still_needed": []}
+    assert list(shared.iterdir()) == []
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / keys.TORCH_KEYS_DIR).write_text("a file where the records' directory goes")
+    (blocked / keys.TRITON_KEYS_DIR).write_text("a file where the records' directory goes")
+    assert head_start(blocked) == {"root": str(blocked), "still_needed": []}
+    assert sorted(p.name for p in blocked.iterdir()) == sorted([keys.TORCH_KEYS_DIR, keys.TRITON_KEYS_DIR])

@@ -20,7 +20,7 @@ from vgc._compat.inductor import (
     clear_inductor_memory_caches, cpu_vec_isa, CustomGraphPass, functorch_config_portable, inductor_cache_dir,
     inductor_code_name, inductor_config_portable, inductor_cpp_compiler, inductor_custom_passes,
     inductor_option_names, load_artifact, precompile_header_wrapped, save_artifact, standalone_compile,
-    torch_build_key, torch_source_key, triton_source_key, wrap_cpu_isa_check, wrap_cpu_isa_probe)
+    start_triton_driver, torch_build_key, torch_source_key, triton_source_key, wrap_cpu_isa_check, wrap_cpu_isa_probe)
 from vgc._compat.inductor_load import compiler_modules_imported, torch_extern_kernels
 from vgc._compat.dynamo import (
     allow_recompiles, assume_equal, backed_size_oblivious, device_from_inputs, dynamo_compile_id,
@@ -43,7 +43,7 @@ __all__ = [
     "functorch_config_portable", "inductor_cache_dir", "inductor_code_name", "inductor_config_portable",
     "inductor_cpp_compiler", "inductor_custom_passes", "inductor_option_names", "load_artifact",
     "precompile_header_wrapped", "save_artifact", "standalone_compile", "torch_build_key", "torch_source_key",
-    "triton_source_key", "wrap_cpu_isa_check", "wrap_cpu_isa_probe",
+    "start_triton_driver", "triton_source_key", "wrap_cpu_isa_check", "wrap_cpu_isa_probe",
     "compiler_modules_imported", "torch_extern_kernels",
     "allow_recompiles", "assume_equal", "backed_size_oblivious", "device_from_inputs", "dynamo_compile_id",
     "forget_size_history", "has_module_hooks", "mark_dynamic", "mark_unbacked", "maybe_mark_dynamic",

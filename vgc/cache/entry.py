@@ -145,6 +145,16 @@ def _remember_hashes(root: Path, device_type: str) -> None:
         remember_triton_key(root)
 
 
+def records_root(config: CompilationConfig) -> Path | None:
+    """Where a process that starts another (a tiered start's compile) records the installed code's hashes for it
+    ahead of its own open: the cache root, unless caching is off or the root is untrusted (the other process
+    would not load from it, and nothing is written there)."""
+    if not cache_enabled():
+        return None
+    root = cache_root(config)
+    return None if _trust_problem([root]) else root
+
+
 def untrusted_entry(root: Path, key: str) -> tuple[Path, str] | None:
     return _trust_problem([root / CACHE_SUBDIR / key, root / CACHE_SUBDIR / key / rank_dir_name()])
 
