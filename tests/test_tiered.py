@@ -24,7 +24,14 @@ def large_llama(cfg, seed: int):
 
 
 def test_a_cold_tiered_start_serves_at_once_then_swaps_in_the_compiled_model(tmp_path, monkeypatch, caplog):
+    """...without waiting for the child's shutdown after its report: here it lingers 300 s at exit (an atexit
+    handler in a `sitecustomize` on its path), as a slow shutdown of compile workers or a driver would."""
     monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(   # the compile's child only, not its compile workers
+        "import atexit, sys, time\n"
+        "atexit.register(lambda: 'vgc-background-compile-' in ' '.join(sys.argv) and time.sleep(300))\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))   # the child's import path is this process's
     cfg = llama.tiny_config()
     model = large_llama(cfg, seed=0)
     kv = llama.make_kv_caches(cfg)
@@ -39,17 +46,23 @@ def test_a_cold_tiered_start_serves_at_once_then_swaps_in_the_compiled_model(tmp
             for n in (3, 8):   # the model itself: eager's outputs exactly
                 assert torch.equal(compiled(**make(n)), model(**make(n)))
     assert compiled.wait_for_compile(timeout=600), "the background compile did not end"
+    child = compiled._background.process
+    assert child.poll() is None, "the child's report was waited for until its exit"
 
     with caplog.at_level(logging.INFO, logger="vgc"), \
             vgc.counters.expect(dynamo_traces=0, inductor_compiles=0, traces_loaded=1):
         with torch.no_grad():
             out, eager = compiled(**make(5)), model(**make(5))
+    assert child.poll() is not None   # ended with its work: it was only shutting down
     torch.testing.assert_close(out, eager, **FP32_TOL)
     assert "swapped in the compiled model after 2 calls" in caplog.text
     stats = compiled.stats()
     assert stats["tier"] == "compiled" and stats["tier_calls"] == {"eager": 2, "graphs": 0, "compiled": 1}
     assert stats["warmed_up"] and compiled.trace_source == "saved"
     assert stats["seconds"]["background_compile"] > 0 and stats["seconds"]["swap"] > 0
+    phases = stats["background_seconds"]   # the child's own account, its start and its compile
+    assert phases["import"] > 0 and phases["trace"] > 0 and phases["compile_or_load"] > 0, phases
+    assert phases["import"] + phases["trace"] < stats["seconds"]["background_compile"]
     with vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), torch.no_grad():
         for n in (4, 7):
             torch.testing.assert_close(compiled(**make(n)), model(**make(n)), **FP32_TOL)

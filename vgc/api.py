@@ -80,6 +80,7 @@ class CompiledModel:
         self._tier_calls = {"eager": 0, "graphs": 0, "compiled": 0}
         self._first_graphs: BreakableGraphs | None = None   # tiered, on CUDA: the first tier's graphs
         self._background: BackgroundCompile | None = None
+        self._background_phases: dict[str, float] = {}   # tiered: the child's, once it has ended
         self._head_start: HeadStart | None = None   # tiered: what the first call waits on, begun at warm-up
         self.background_compile: str | None = None   # tiered: "running", "done" or "failed"
         self._pending_warmup: tuple | None = None   # the warmup() a swap runs, from the cache
@@ -163,6 +164,7 @@ class CompiledModel:
     def _swap(self, args: tuple, kwargs: dict) -> None:
         background, self._background = self._background, None
         self._seconds["background_compile"] = background.seconds
+        self._background_phases = background.phases()
         self.background_compile = "failed"
         if background.result() is None:
             logger.warning("tiered start: the background compile failed (%s); the model itself keeps serving",
@@ -518,7 +520,8 @@ class CompiledModel:
                       dynamic_dims=self.contract.report() if self.contract is not None else {},
                       cudagraphs=self.graphs.report() if self.graphs is not None else None)
         if self.tiered:
-            report.update(tier=self.tier, tier_calls=dict(self._tier_calls), background_compile=self.background_compile)
+            report.update(tier=self.tier, tier_calls=dict(self._tier_calls), background_compile=self.background_compile,
+                          background_seconds=dict(self._background_phases))
         if self.ranges:
             report["compile_ranges"] = [r.report() for r in self.ranges]
             report["compile_ranges_uncovered"] = [list(u) for u in self._uncovered]
@@ -568,12 +571,14 @@ def compile(model: Callable, config: CompilationConfig | dict | None = None,
 def compile_in_background(directory: str) -> None:
     """The child process of a tiered start (`vgc.background_compile`): trace, compile and save the model's first
     call to the cache, then report what it did."""
+    entered = time.time()
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s: %(message)s")
     payload = read_payload(directory)
     compiled = CompiledModel(payload["model"], **payload["options"])
+    compiled._seconds["read_payload"] = time.time() - entered
     compiled(*payload["args"], **payload["kwargs"])
     write_result(directory, {"trace_source": compiled.trace_source, "seconds": compiled._seconds,
-                             "counters": counters.as_dict()})
+                             "counters": counters.as_dict(), "entered": entered})
 
 
 def _as_call(inputs) -> tuple[tuple, dict]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from vgc import _compat
 from vgc.cache.keys import remember_torch_build_key, remember_triton_key
+from vgc.cache.layout import atomic_write
 from vgc.capture import model_copy
 
 logger = logging.getLogger("vgc")
@@ -40,7 +41,7 @@ class BackgroundCompile:
         (self.directory / PAYLOAD).write_bytes(payload)
         module, function = entry.split(":")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
-        self.started = time.perf_counter()
+        self.started, self.spawned_at = time.perf_counter(), time.time()
         self.seconds: float | None = None
         with open(self.directory / LOG, "wb") as log:
             self.process = subprocess.Popen(
@@ -49,26 +50,42 @@ class BackgroundCompile:
         logger.info("tiered start: compiling in the background (process %d, %s)", self.process.pid, self.directory)
 
     def done(self) -> bool:
-        if self.seconds is None and self.process.poll() is not None:
+        """Whether the child has reported its result (its last act, after the cache holds everything) or ended. Its
+        interpreter's shutdown that follows (Inductor's compile workers, CUDA; 0.9 s on a 2-core CPU) is not waited
+        for."""
+        if self.seconds is None and ((self.directory / RESULT).exists() or self.process.poll() is not None):
             self.seconds = time.perf_counter() - self.started
         return self.seconds is not None
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the child to end (at most `timeout` seconds); whether it has."""
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return self.done()
+        """Wait for the child's result or its end (at most `timeout` seconds); whether either came."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            try:
+                self.process.wait(0.05)
+            except subprocess.TimeoutExpired:
+                pass
+        return True
 
     def result(self) -> dict[str, Any] | None:
-        """What the child reported when it succeeded, else None."""
-        if not self.done() or self.process.returncode != 0:
+        """What the child reported when it succeeded, else None. A report is written whole after the compile and
+        its saves (`write_result`), so it stands even if the child's shutdown fails after it."""
+        if not self.done():
             return None
         try:
             return json.loads((self.directory / RESULT).read_text())
         except (OSError, ValueError):
             return None
+
+    def phases(self) -> dict[str, float]:
+        """Where the child's time went, in seconds: `import` (from its spawn to its entry function: the interpreter,
+        torch and vgc), `read_payload`, then its compile's own phases (`trace`, `compile_or_load`, ...)."""
+        result = self.result() or {}
+        phases = {"import": result["entered"] - self.spawned_at} if "entered" in result else {}
+        phases.update({k: v for k, v in result.get("seconds", {}).items() if isinstance(v, (int, float))})
+        return phases
 
     def failure(self) -> str:
         """Why the child did not succeed: its exit status and the end of its output."""
@@ -79,7 +96,7 @@ class BackgroundCompile:
         return f"exit status {self.process.returncode}" + (":\n  " + "\n  ".join(tail) if tail else "")
 
     def cleanup(self) -> None:
-        if self.process.poll() is None:
+        if self.process.poll() is None:   # still compiling, or past its report and shutting down: nothing to lose
             self.process.kill()
             self.process.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -128,4 +145,6 @@ def read_payload(directory: str) -> dict[str, Any]:
 
 
 def write_result(directory: str, result: dict[str, Any]) -> None:
-    (Path(directory) / RESULT).write_text(json.dumps(result))
+    """In the child, its last act: the serving process takes the file's existence for the compile's end, so it is
+    written whole or not at all."""
+    atomic_write(Path(directory) / RESULT, json.dumps(result).encode())

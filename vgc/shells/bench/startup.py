@@ -65,7 +65,7 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
     if device == "cuda":
         torch.cuda.synchronize()
     first_output_s, decode_call_s = time.time() - spawned_at, time.perf_counter() - start
-    full_speed_s, first_tier_calls = time.time() - spawned_at, {}
+    full_speed_s, first_tier_calls, background_phases = time.time() - spawned_at, {}, {}
     if strategy == "tiered":   # serve decode calls until the compiled model is swapped in (or its compile failed)
         batch = llama.make_batch(cfg, 8, "decode", device=device, kv_caches=kv)
         with torch.no_grad():
@@ -76,6 +76,7 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
             torch.cuda.synchronize()
         stats = compiled.stats()
         full_speed_s, first_tier_calls = time.time() - spawned_at, stats["tier_calls"]
+        background_phases = stats["background_seconds"]
         report["seconds"].update({k: v for k, v in stats["seconds"].items() if k != "warmup"})
     seconds = report["seconds"]
     counts = vgc.counters
@@ -89,6 +90,7 @@ def _child(model_name: str, device: str, mode: str, strategy: str, spawned_at: f
         "eager_calls": first_tier_calls.get("eager", 0), "graph_calls": first_tier_calls.get("graphs", 0),
         "tier": getattr(compiled, "tier", None),
         "background_compile_s": seconds.get("background_compile", 0.0), "swap_s": seconds.get("swap", 0.0),
+        "background_phases_s": background_phases,
         "trace_source": getattr(compiled, "trace_source", "none"), "dynamo_traces": counts.dynamo_traces,
         "inductor_compiles": counts.inductor_compiles, "artifacts_loaded": counts.artifacts_loaded,
         "traces_loaded": counts.traces_loaded, "finite": bool(torch.isfinite(out).all()),
@@ -205,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
               "breakable graphs, each padded size captured on demand: graph calls); full speed is the end of the "
               "first call served compiled, after the background compile (a child process; its Dynamo and Inductor "
               "work is not in this process's counts) and the swap (load and capture in the serving process)")
+        for name, r in rows:
+            if r.get("background_phases_s"):
+                print(f"{name} background compile: " + ", ".join(
+                    f"{phase} {seconds:.2f} s" for phase, seconds in r["background_phases_s"].items()))
     if deployment is not None:
         print(f"bundle: {deployment['mib']:.1f} MiB, packed in {deployment['pack_s']:.2f} s, unpacked under a new "
               f"root in {deployment['unpack_s']:.2f} s")
