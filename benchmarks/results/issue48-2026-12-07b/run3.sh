@@ -26,9 +26,9 @@ timeout 260 python -m vgc bench startup --generate 60 --json $W/generate60.json 
   2>&1 | grep -v Warn | tail -8 | tee $W/generate60.txt
 echo "tests from ${SECONDS}s" | tee -a $W/rows.txt
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor
-timeout $((590 - SECONDS)) python -m pytest -q -p no:cacheprovider -m gpu tests/test_tiered.py \
+timeout $((575 - SECONDS)) python -m pytest -q -p no:cacheprovider -m gpu tests/test_tiered.py \
   tests/integrations/test_startup.py 2>&1 | tail -4 | tee $W/tests.txt
-timeout $((595 - SECONDS)) python -m pytest -q -p no:cacheprovider tests/cache/test_torch_keys.py \
+timeout $((588 - SECONDS)) python -m pytest -q -p no:cacheprovider tests/cache/test_torch_keys.py \
   -k "triton or head_start or cold_start" 2>&1 | tail -4 | tee -a $W/tests.txt
 tar czf $OUT/call3.tgz -C $W .
 echo "done at ${SECONDS}s"
