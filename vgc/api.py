@@ -83,6 +83,7 @@ class CompiledModel:
         self._background_phases: dict[str, float] = {}   # tiered: the child's, once it has ended
         self._head_start: HeadStart | None = None   # tiered: what the first call waits on, begun at warm-up
         self.background_compile: str | None = None   # tiered: "running", "done" or "failed"
+        self.background_failure: str | None = None   # tiered: why it failed, as warned
         self._pending_warmup: tuple | None = None   # the warmup() a swap runs, from the cache
         self._load_only = False   # a start that must load its trace (a tiered one), never trace it
         # a profile is checked now: a bad file fails vgc.compile(), not the start it would shape
@@ -167,8 +168,9 @@ class CompiledModel:
         self._background_phases = background.phases()
         self.background_compile = "failed"
         if background.result() is None:
+            self.background_failure = background.failure()
             logger.warning("tiered start: the background compile failed (%s); the model itself keeps serving",
-                           background.failure())
+                           self.background_failure)
             background.cleanup()
             return
         start = time.perf_counter()
@@ -180,9 +182,9 @@ class CompiledModel:
         except Exception as e:   # the cache could not serve it after all: this process never compiles
             self.contract = self.graphs = self._run = None
             self.backend.graphs.clear()
-            self.tier = "eager"
-            logger.warning("tiered start: the background compile's trace could not be loaded (%s: %s); the model "
-                           "itself keeps serving", type(e).__name__, e)
+            self.tier, self.background_failure = "eager", f"its trace could not be loaded ({type(e).__name__}: {e})"
+            logger.warning("tiered start: the background compile's %s; the model itself keeps serving",
+                           self.background_failure)
         else:
             self.tier, self.background_compile = "compiled", "done"
             self._first_graphs = None   # their memory goes back to the allocator
@@ -521,7 +523,7 @@ class CompiledModel:
                       cudagraphs=self.graphs.report() if self.graphs is not None else None)
         if self.tiered:
             report.update(tier=self.tier, tier_calls=dict(self._tier_calls), background_compile=self.background_compile,
-                          background_seconds=dict(self._background_phases))
+                          background_seconds=dict(self._background_phases), background_failure=self.background_failure)
         if self.ranges:
             report["compile_ranges"] = [r.report() for r in self.ranges]
             report["compile_ranges_uncovered"] = [list(u) for u in self._uncovered]

@@ -64,7 +64,8 @@ def _child(row: str, model_name: str, device: str, seconds: float, spawned_at: f
                       "window_s": ends[-1] - began, "tier_calls": stats.get("tier_calls"),
                       # a tiered row: "running" (the window ended first), "failed" or "done", and its seconds
                       "background_compile": stats.get("background_compile"),
-                      "background_compile_s": stats.get("seconds", {}).get("background_compile")}))
+                      "background_compile_s": stats.get("seconds", {}).get("background_compile"),
+                      "background_failure": stats.get("background_failure")}))
 
 
 def run(model_name: str, device: str, seconds: float, env: dict[str, str]) -> list[dict]:
@@ -89,6 +90,9 @@ def report(results: list[dict], seconds: float) -> None:
               + (f"{r['full_speed_s']:11.2f}s" if not math.isnan(r["full_speed_s"]) else f"{'none':>12s}")
               + f"{r['tokens_per_s']:20.1f}{r['generates']:11d}"
               + (f"  background compile {r['background_compile']}" if r.get("background_compile") else ""))
+    for r in results:
+        if r.get("background_failure"):
+            print(f"{r['row']}: the background compile failed: {r['background_failure']}")
     print("times from the process's start; full speed: the end of the first generate() begun on the compiled model "
           "within 10% of the last three such (none: no such generate() in the window; a tiered row says whether its background "
           "compile was still running then, failed or done)")
