@@ -182,8 +182,9 @@ class CompiledModel:
         except Exception as e:   # the cache could not serve it after all: this process never compiles
             self.contract = self.graphs = self._run = None
             self.backend.graphs.clear()
-            self.tier, self.background_failure = "eager", f"its trace could not be loaded ({type(e).__name__}: {e})"
-            logger.warning("tiered start: the background compile's %s; the model itself keeps serving",
+            self.tier = "eager"
+            self.background_failure = f"its trace could not be loaded here ({type(e).__name__}: {e})"
+            logger.warning("tiered start: the background compile succeeded, but %s; the model itself keeps serving",
                            self.background_failure)
         else:
             self.tier, self.background_compile = "compiled", "done"

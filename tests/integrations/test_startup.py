@@ -125,3 +125,36 @@ def test_a_tiered_generate_serves_its_first_tier_on_breakable_graphs(tmp_path, m
     # the prefill eager, five decode steps on first-tier graphs (the first one captured), the rest compiled
     assert calls["eager"] == 1 and calls["graphs"] == 5, calls
     assert model.vgc.stats()["tier"] == "compiled"
+
+
+# A fresh process: transformers' record of what each built model class can capture, after building the model
+# (build) or after loading a copy of its flat forward made for another process (copy; a tiered start's child).
+RECORD = textwrap.dedent("""
+    import json, sys, torch, transformers
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    from vgc.capture import model_copy
+    from vgc.integrations.paged_attention import FlatModel
+    if sys.argv[1] == "build":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128))
+        open(sys.argv[2], "wb").write(model_copy.dumps({"model": FlatModel(model, 64)}))
+    else:
+        model_copy.loads(open(sys.argv[2], "rb").read())
+    print(json.dumps({key: repr(value) for key, value in dict(_CAN_RECORD_REGISTRY).items()}))
+""")
+
+
+def test_a_copy_for_another_process_records_its_classes_as_building_the_model_does(tmp_path):
+    """transformers' forward reads a per-class record that building a model writes; a copy is made without
+    `__init__`, and a trace of it without the record was refused (Dynamo's guard on it, torch 2.11) by the
+    serving process of a tiered start, which never swapped (an H100, 2026-12-07). The copy writes the record."""
+    records = []
+    for step in ("build", "copy"):
+        out = subprocess.run([sys.executable, "-c", RECORD, step, str(tmp_path / "flat.bin")], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        records.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    built, copied = records
+    assert any("LlamaModel" in key for key in built) and any("LlamaForCausalLM" in key for key in built), built
+    assert copied == built

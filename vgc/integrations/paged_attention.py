@@ -84,6 +84,15 @@ class FlatModel(torch.nn.Module):
         # The class's forward: the instance's `forward` attribute is vgc's wrapper, which calls this module.
         self.causal_lm_forward = type(model).forward
 
+    def __setstate__(self, state):
+        """A copy for another process (a tiered start's compile, `vgc.capture.model_copy`) is made without
+        `__init__`, its Hugging Face model's too; building a model records what outputs its class can capture
+        (transformers' `_CAN_RECORD_REGISTRY`), and the forward reads that record. Without it there, the copy's
+        trace would follow a class with none, and Dynamo's guard on the record (torch 2.11) refuses the trace in
+        every process that built the model."""
+        super().__setstate__(state)
+        _record_built_classes(self.model)
+
     def forward(self, input_ids, positions, kv_caches, slot_mapping, block_table, seq_lens, query_start_loc,
                 logits_indices):
         batch = {"kv_caches": kv_caches, "slot_mapping": slot_mapping, "block_table": block_table,
@@ -96,6 +105,19 @@ class FlatModel(torch.nn.Module):
         finally:
             _RUNNING.batch = None
         return out.logits[0]
+
+
+def _record_built_classes(model: torch.nn.Module) -> None:
+    """What `PreTrainedModel.__init__` records per class (transformers' private registry of `_can_record_outputs`,
+    keyed by the class's name: a dict in 5.17, a dict subclass later), for each Hugging Face model in `model`."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:   # a transformers without the registry: nothing is recorded at build either
+        return
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            dict.__setitem__(_CAN_RECORD_REGISTRY, str(type(module)), module._can_record_outputs)
 
 
 class VgcCache(Cache):
