@@ -109,15 +109,22 @@ class FlatModel(torch.nn.Module):
 
 def _record_built_classes(model: torch.nn.Module) -> None:
     """What `PreTrainedModel.__init__` records per class (transformers' private registry of `_can_record_outputs`,
-    keyed by the class's name: a dict in 5.17, a dict subclass later), for each Hugging Face model in `model`."""
+    keyed by the class's name: a dict in 5.17, a dict subclass later), for each Hugging Face model in `model` whose
+    class has no record yet. The walk takes only modules: Dynamo's saved guard state unpickles this class too, with
+    the submodules it does not guard left as placeholders."""
     try:
         from transformers import PreTrainedModel
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:   # a transformers without the registry: nothing is recorded at build either
         return
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            dict.__setitem__(_CAN_RECORD_REGISTRY, str(type(module)), module._can_record_outputs)
+    found, stack = [], [model]
+    while stack:
+        module = stack.pop()
+        found.append(module)
+        stack.extend(m for m in vars(module).get("_modules", {}).values() if isinstance(m, torch.nn.Module))
+    for module in found:
+        if isinstance(module, PreTrainedModel) and str(type(module)) not in _CAN_RECORD_REGISTRY:
+            dict.__setitem__(_CAN_RECORD_REGISTRY, str(type(module)), getattr(module, "_can_record_outputs", None))
 
 
 class VgcCache(Cache):
