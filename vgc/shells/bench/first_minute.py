@@ -94,8 +94,8 @@ def report(results: list[dict], seconds: float) -> None:
         if r.get("background_failure"):
             print(f"{r['row']}: the background compile failed: {r['background_failure']}")
     print("times from the process's start; full speed: the end of the first generate() begun on the compiled model "
-          "within 10% of the last three such (none: no such generate() in the window; a tiered row says whether its background "
-          "compile was still running then, failed or done)")
+          "within 10% of the last three such (none: no such generate() in the window; a tiered row says whether its "
+          "background compile was still running then, failed or done)")
 
 
 if __name__ == "__main__":
