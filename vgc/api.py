@@ -232,8 +232,7 @@ class CompiledModel:
             return self.stats()
         weakref.finalize(self, self._background.cleanup)   # a server that exits stops its compile
         self.tier, self.background_compile = "eager", "running"
-        tensors = [t for value in (*args, *kwargs.values()) for _, t in argument_tensors(value)]
-        self._head_start = HeadStart(records_root(self.config), _compat.device_from_inputs(tensors).type)
+        self._head_start = HeadStart(records_root(self.config), _device_of((*args, *kwargs.values())).type)
         try:
             self._first_graphs = self._first_tier_graphs(self._trace_size(trace_size), make_inputs,
                                                          make_decode_inputs)
@@ -326,8 +325,7 @@ class CompiledModel:
         mode = self.config.dynamic_shapes_config.type
         dynamic = dynamic_dims(arguments, self.dynamic_arg_dims)
         specs = argument_specs(arguments, dynamic)   # refuses, before any compile, what it could not check later
-        tensors = [t for value in arguments.values() for _, t in argument_tensors(value)]
-        device = _compat.device_from_inputs(tensors)
+        device = _device_of(arguments.values())
         if self._graph_mode(device) != CUDAGraphMode.NONE:
             padded_dims(dynamic, arguments)   # a model CUDA graphs cannot pad fails now, not after compiling
         identity = (specs, dynamic, mode.value)
@@ -582,6 +580,11 @@ def compile_in_background(directory: str) -> None:
     compiled(*payload["args"], **payload["kwargs"])
     write_result(directory, {"trace_source": compiled.trace_source, "seconds": compiled._seconds,
                              "counters": counters.as_dict(), "entered": entered})
+
+
+def _device_of(values) -> torch.device:
+    """The device of a call's first tensor, inside containers too (CPU when it has none)."""
+    return _compat.device_from_inputs([t for value in values for _, t in argument_tensors(value)])
 
 
 def _as_call(inputs) -> tuple[tuple, dict]:

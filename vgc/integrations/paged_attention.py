@@ -117,12 +117,10 @@ def _record_built_classes(model: torch.nn.Module) -> None:
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:   # a transformers without the registry: nothing is recorded at build either
         return
-    found, stack = [], [model]
+    stack = [model]
     while stack:
         module = stack.pop()
-        found.append(module)
         stack.extend(m for m in vars(module).get("_modules", {}).values() if isinstance(m, torch.nn.Module))
-    for module in found:
         if isinstance(module, PreTrainedModel) and str(type(module)) not in _CAN_RECORD_REGISTRY:
             dict.__setitem__(_CAN_RECORD_REGISTRY, str(type(module)), getattr(module, "_can_record_outputs", None))
 
