@@ -199,6 +199,35 @@ def test_a_killed_background_compile_leaves_the_model_serving(tmp_path, monkeypa
     assert compiled.background_compile == "failed" and compiled.tier == "eager"
 
 
+@pytest.mark.parametrize("report, named", [
+    (b'{"trace_source": "tra\x00\xff', "is damaged (UnicodeDecodeError"),
+    (b'{"trace_source": "traced", "seconds": {"trace": 1.0', "is damaged (JSONDecodeError"),
+    (b'["traced"]', "is not one vgc's child writes (a JSON list)"),
+    # a well-formed report with no compile behind it (another child's, copied over): the load finds nothing
+    (b'{"trace_source": "traced", "seconds": {"trace": "1"}, "entered": true}', "its trace could not be loaded here"),
+])
+def test_a_damaged_or_foreign_report_leaves_the_model_serving(tmp_path, monkeypatch, caplog, report, named):
+    """The child's report is written whole, so only something outside can damage it or put another in its place:
+    the swap names the report, this process compiles nothing, and the model itself keeps answering."""
+    monkeypatch.setenv("VGC_CACHE_ROOT", str(tmp_path / "root"))
+    cfg = llama.tiny_config()
+    model = llama.Llama(cfg)
+    compiled = vgc.compile(model, pad_values=llama.PAD_VALUES, uniform_decode=llama.is_uniform_decode, tiered=True)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "prefill"))
+    background = compiled._background
+    background.process.kill()
+    background.process.wait()
+    (background.directory / "result.json").write_bytes(report)
+    assert compiled.wait_for_compile(timeout=60)
+    with caplog.at_level(logging.WARNING, logger="vgc"), vgc.counters.expect(dynamo_traces=0, inductor_compiles=0), \
+            torch.no_grad():
+        for n in (5, 3):
+            assert torch.equal(compiled(**llama.make_batch(cfg, n)), model(**llama.make_batch(cfg, n)))
+    assert named in caplog.text and caplog.text.count("tiered start:") == 1, caplog.text
+    assert compiled.background_compile == "failed" and compiled.tier == "eager"
+    assert compiled.stats()["tier_calls"]["eager"] == 2
+
+
 class WithLambda(torch.nn.Module):
     def __init__(self):
         super().__init__()

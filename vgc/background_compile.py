@@ -29,6 +29,7 @@ from vgc.capture import model_copy
 logger = logging.getLogger("vgc")
 
 PAYLOAD, RESULT, LOG = "payload.bin", "result.json", "child.log"
+_UNREAD = object()
 
 
 class BackgroundCompile:
@@ -43,6 +44,8 @@ class BackgroundCompile:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
         self.started, self.spawned_at = time.perf_counter(), time.time()
         self.seconds: float | None = None
+        self._report: Any = _UNREAD
+        self._unreadable = ""   # why a report the child left could not be taken
         with open(self.directory / LOG, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", f"import sys; from {module} import {function}; {function}(sys.argv[1])",
@@ -71,29 +74,34 @@ class BackgroundCompile:
 
     def result(self) -> dict[str, Any] | None:
         """What the child reported when it succeeded, else None. A report is written whole after the compile and
-        its saves (`write_result`), so it stands even if the child's shutdown fails after it."""
+        its saves (`write_result`), so it stands even if the child's shutdown fails after it. Read once: the
+        child writes nothing after it."""
         if not self.done():
             return None
-        try:
-            return json.loads((self.directory / RESULT).read_text())
-        except (OSError, ValueError):
-            return None
+        if self._report is _UNREAD:
+            self._report, self._unreadable = _read_report(self.directory / RESULT)
+        return self._report
 
     def phases(self) -> dict[str, float]:
         """Where the child's time went, in seconds: `import` (from its spawn to its entry function: the interpreter,
         torch and vgc), `read_payload`, then its compile's own phases (`trace`, `compile_or_load`, ...)."""
         result = self.result() or {}
-        phases = {"import": result["entered"] - self.spawned_at} if "entered" in result else {}
-        phases.update({k: v for k, v in result.get("seconds", {}).items() if isinstance(v, (int, float))})
+        phases = {"import": result["entered"] - self.spawned_at} if _is_number(result.get("entered")) else {}
+        seconds = result.get("seconds")
+        phases.update({k: v for k, v in seconds.items() if _is_number(v)} if isinstance(seconds, dict) else {})
         return phases
 
     def failure(self) -> str:
-        """Why the child did not succeed: its exit status and the end of its output."""
+        """Why the child did not succeed: a report it left that cannot be read, its exit status and the end of its
+        output."""
+        self.result()
         try:
             tail = (self.directory / LOG).read_text(errors="replace").strip().splitlines()[-12:]
         except OSError:
             tail = []
-        return f"exit status {self.process.returncode}" + (":\n  " + "\n  ".join(tail) if tail else "")
+        status = "still running" if self.process.poll() is None else f"exit status {self.process.returncode}"
+        return (f"{self._unreadable}; {status}" if self._unreadable else status) + \
+            (":\n  " + "\n  ".join(tail) if tail else "")
 
     def cleanup(self) -> None:
         if self.process.poll() is None:   # still compiling, or past its report and shutting down: nothing to lose
@@ -137,6 +145,25 @@ def _begin(step) -> threading.Thread:
     thread = threading.Thread(target=run, name="vgc-head-start", daemon=True)
     thread.start()
     return thread
+
+
+def _read_report(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the child's report, "") or (None, why it cannot be taken); (None, "") when there is none."""
+    try:
+        report = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, ""
+    except OSError as e:
+        return None, f"its report {path} could not be read ({type(e).__name__}: {e})"
+    except ValueError as e:   # JSON's errors and undecodable bytes: damaged from outside, never half-written
+        return None, f"its report {path} is damaged ({type(e).__name__}: {e})"
+    if not isinstance(report, dict):
+        return None, f"its report {path} is not one vgc's child writes (a JSON {type(report).__name__})"
+    return report, ""
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_payload(directory: str) -> dict[str, Any]:
