@@ -233,6 +233,10 @@ class VgcBackend:
             splitting_ops = [*splitting_ops, SDPA]
         check_splitting_ops(splitting_ops, gm)
         start = time.perf_counter()
+        # An id outside an embedding table aborts the compiled CPU kernel, and on CUDA a device assert leaves the
+        # context unusable (eager raises IndexError): checked on each call, and clamped in the graph, since a FULL
+        # graph replays before its check ends.
+        input_check = request_checks.checker_for(gm, example_inputs, bound=True)
         split_gm, pieces = split_graph(gm, splitting_ops)
         piece_inputs = _piece_example_inputs(split_gm, example_inputs)
         module_state = _module_state_arguments(split_gm, example_inputs)
@@ -281,10 +285,7 @@ class VgcBackend:
                 state.append(StateTensor(source, value.dtype, tuple(value.shape), str(value.device),
                                          tuple(value.stride())))
         return GraphPlan(split_gm, pieces, plans, _compat.device_from_inputs(example_inputs).type,
-                         shape_guards,
-                         # An id outside an embedding table aborts the compiled CPU kernel (eager raises
-                         # IndexError): check first.
-                         input_check=request_checks.checker_for(gm, example_inputs), example_inputs=example_inputs,
+                         shape_guards, input_check=input_check, example_inputs=example_inputs,
                          seconds={"split": time.perf_counter() - start}, state_tensors=state,
                          code_files=_compat.graph_code_files(gm), collectives=collective_calls(gm))
 

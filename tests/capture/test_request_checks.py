@@ -1,6 +1,8 @@
 """Token ids outside an embedding table raise IndexError before the compiled code runs (it would abort the process
 on the CPU: Inductor's bounds check fails inside an OpenMP region), and the model keeps working afterwards."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -183,3 +185,99 @@ def test_every_reduction_of_the_ids_finds_the_bad_one(shape):
         low, high = int(broken.min()), int(broken.max())
         with pytest.raises(IndexError, match=rf"ids holds ids in \[{low}, {high}\] but the embedding embed has 50"):
             check([broken])
+
+
+class UserClamps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        return self.embed(ids.clamp(0, 9))   # the model's own rule for ids beyond its vocabulary
+
+
+def test_the_graph_clamps_checked_ids_and_the_check_still_refuses(monkeypatch):
+    """A FULL graph replays before its check ends, so the compiled graph itself must never read outside the table:
+    with the check taken out, a bad id gives the clamped id's answer instead of Inductor's bounds error; with it,
+    the call is refused as before. A user's own clamp is the model's rule: nothing to check, nothing added."""
+    model, backend = Lookup().eval(), vgc.VgcBackend()
+    compiled = torch.compile(model, backend=backend)
+    bad = torch.tensor([[1, 100, -5]])
+    with torch.no_grad():
+        _assert_refused(compiled, bad, "ids holds ids in [-5, 100]")
+        monkeypatch.setattr(request_checks, "_check_ids", lambda item, ids: None)
+        torch.testing.assert_close(compiled(bad), model(bad.clamp(0, 99)), **FP32_TOL)
+    clamps = [n for n in backend.graphs[0].pieces[0].module.graph.nodes if n.target is torch.clamp]
+    assert [n.args[1:] for n in clamps] == [(0, 99)]
+
+    gm = torch.fx.symbolic_trace(lambda weight, ids: torch.ops.aten.embedding.default(weight, ids))
+    example = [torch.zeros(7, 2), torch.tensor([0])]
+    for _ in range(2):   # a second pass finds the ids behind vgc's clamp and adds none
+        [checked] = request_checks.checker_for(gm, example, bound=True).checked
+        assert (checked.position, checked.rows) == (1, 7)
+        assert [n.args[1:] for n in gm.graph.nodes if n.target is torch.clamp] == [(0, 6)]
+    assert torch.equal(gm(torch.arange(14.).view(7, 2), torch.tensor([9, -1])), torch.tensor([[12., 13.], [0., 1.]]))
+
+    check, _ = _checker(UserClamps(), torch.tensor([3, 12]))
+    assert check is None
+
+
+def test_a_begun_check_of_host_ids_refuses_at_once():
+    """`begin` (a FULL replay's check) checks ids off CUDA where it is called: a bad one is refused before the
+    replay, and good ones leave nothing to wait for."""
+    check = request_checks.InputIdCheck([
+        request_checks.CheckedInput(0, "L['input_ids']", "input_ids", "embed", 10)]).by_argument_name()
+    assert check.begin({"input_ids": torch.tensor([0, 9])})() is None
+    with pytest.raises(IndexError, match=r"input_ids holds ids in \[0, 10\]"):
+        check.begin({"input_ids": torch.tensor([0, 10])})
+
+
+@pytest.mark.gpu
+def test_a_begun_check_of_cuda_ids_refuses_when_it_ends():
+    """On CUDA a decode step's ids travel to the host behind the GPU work queued before them; the end waits for
+    them and refuses a bad one, in 1-D and 2-D; more ids than a decode step's are checked at once; a check begun
+    while a graph is being captured checks nothing."""
+    check = request_checks.InputIdCheck([
+        request_checks.CheckedInput(0, "L['input_ids']", "input_ids", "embed", 50)]).by_argument_name()
+    for shape in ((1,), (8,), (2, 32)):
+        ids = (torch.arange(torch.Size(shape).numel(), device="cuda") % 50).reshape(shape)
+        bad = ids.clone()
+        bad.view(-1)[-1] = 50
+        for value, refused in ((ids, False), (bad, True), (ids, False)):
+            torch.cuda._sleep(20_000_000)   # the copy queues behind GPU work: the end must wait for it
+            end = check.begin({"input_ids": value})
+            if refused:
+                with pytest.raises(IndexError, match=r"input_ids holds ids in \[0, 50\]"):
+                    end()
+            else:
+                assert end() is None
+    with pytest.raises(IndexError, match=r"input_ids holds ids in \[50, 50\]"):
+        check.begin({"input_ids": torch.full((65,), 50, device="cuda")})
+    graph = torch.cuda.CUDAGraph()
+    bad = torch.tensor([50], device="cuda")
+    with torch.cuda.graph(graph):
+        end = check.begin({"input_ids": bad})
+    assert end() is None
+
+
+@pytest.mark.gpu
+def test_a_full_replay_refuses_a_bad_id_after_the_graph_ran_and_the_gpu_stays_usable(tiny):
+    """The FULL graph replays before the check of its ids ends: the bad call is refused, its output never returned,
+    the CUDA context still works (the graph clamped the id), and the next steps equal eager's."""
+    cfg, model = tiny
+    model = copy.deepcopy(model).cuda()   # the fixture stays on the CPU for the tests after
+    kv = llama.make_kv_caches(cfg, "cuda")
+    compiled = vgc.compile(model, config=vgc.CompilationConfig(cudagraph_mode="full", cudagraph_capture_sizes=[4, 8]),
+                           pad_values=llama.PAD_VALUES)
+    compiled.warmup(lambda n: llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv))
+    with torch.no_grad():
+        batch = llama.make_batch(cfg, 6, "decode", device="cuda", kv_caches=kv)
+        batch["input_ids"][2] = cfg.vocab_size
+        with vgc.counters.expect(cudagraph_replays=1), \
+                pytest.raises(IndexError, match=rf"input_ids holds ids in \[.*{cfg.vocab_size}\]"):
+            compiled(**batch)
+        torch.cuda.synchronize()
+        for n in (6, 3):
+            out = compiled(**llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv))
+            expected = model(**llama.make_batch(cfg, n, "decode", device="cuda", kv_caches=kv))
+            torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)   # Inductor's CUDA kernels vs eager's

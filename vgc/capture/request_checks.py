@@ -11,8 +11,13 @@ On CUDA a few ids (a decode step's) come to the host whole, in one copy; more ar
 numbers come back. Either way the check waits for the GPU work queued before it. It is skipped while a
 CUDA graph is being captured (no sync is allowed then; capture runs warm-up inputs). A FULL CUDA graph replayed
 by `vgc.compile` does not call the backend's function: its dispatcher runs the same check by argument name
-(`InputIdCheck.by_argument_name`) before the replay. `VGC_CHECK_INPUT_IDS=0` turns the check off for callers
-that validate ids themselves.
+(`InputIdCheck.by_argument_name`), begun before the replay and ended after it (`ArgumentIdCheck.begin`): a decode
+step's ids travel to pinned host memory ahead of the graph, and the host waits for that copy alone, not for the
+GPU to go idle before it launches the graph. The refused call's output is never returned; since its graph ran,
+the ids of every checked lookup are clamped into the table in the graph itself (`checker_for(..., bound=True)`),
+so that no kernel reads outside it (a device assert leaves the CUDA context unusable); the refused call's KV
+entries are written, at its own positions, where the next call at those positions writes them again.
+`VGC_CHECK_INPUT_IDS=0` turns the check (and the clamp) off for callers that validate ids themselves.
 """
 
 from __future__ import annotations
@@ -60,19 +65,71 @@ class InputIdCheck:
         for item in self.checked:
             _check_ids(item, args[item.position])
 
-    def by_argument_name(self) -> Callable[[dict], None] | None:
+    def by_argument_name(self) -> "ArgumentIdCheck | None":
         """The same check on a call's bound arguments (name -> value), for callers that run the compiled code
         without its Dynamo arguments (a FULL CUDA graph replay). Ids are found where Dynamo read them: an
         argument, or a part of one (`L['batch']['ids']`). None when there is nothing to check."""
         readers = [(item, _argument_reader(item.source)) for item in self.checked
                    if item.source.startswith("L[")]   # "": not read from an argument
-        if not readers:
-            return None
+        return ArgumentIdCheck(readers) if readers else None
 
-        def check(arguments: dict) -> None:   # per FULL replay: the sources were parsed once, above
-            for item, read in readers:
-                _check_ids(item, read(arguments))
-        return check
+
+class ArgumentIdCheck:
+    """`InputIdCheck` on bound arguments, the sources parsed once. Called, it checks at once; `begin` starts the
+    check and returns what ends it, so that a FULL graph replays while a decode step's ids travel to the host.
+    One check in flight at a time: the next `begin` reuses the host buffers (a dispatcher ends each check within
+    its call)."""
+
+    def __init__(self, readers: list[tuple[CheckedInput, Callable[[dict], Any]]]):
+        self.readers = readers
+        self._host: dict[tuple, torch.Tensor] = {}   # (ids, dtype) -> pinned buffer
+        self._copied = None                           # a CUDA event, made at the first begun copy
+        self._pending: list[tuple[CheckedInput, torch.Tensor]] = []
+
+    def __call__(self, arguments: dict) -> None:   # per call: the sources were parsed once, in by_argument_name
+        for item, read in self.readers:
+            _check_ids(item, read(arguments))
+
+    def begin(self, arguments: dict) -> Callable[[], None]:
+        """Start the check: a decode step's few ids on CUDA are copied to pinned host memory without a wait; other
+        ids are checked here, and a bad one refused at once. Returns the function that waits for that copy alone
+        (not for the work queued after it) and raises as a call would. What runs before it must not read
+        outside an embedding table on a bad id: the graphs vgc captures clamp them (`checker_for`)."""
+        pending = self._pending
+        pending.clear()
+        for item, read in self.readers:
+            ids = read(arguments)
+            if (isinstance(ids, torch.Tensor) and ids.is_cuda and 0 < ids.numel() <= _AS_LIST
+                    and not cuda_runtime.stream_capturing()):
+                key = (ids.numel(), ids.dtype)
+                host = self._host.get(key)
+                if host is None:
+                    # Pinned: a copy into pageable memory would wait for the GPU, as `tolist` does.
+                    host = self._host[key] = torch.empty(key[0], dtype=key[1], pin_memory=True)
+                host.copy_(ids if ids.dim() == 1 else ids.reshape(-1), non_blocking=True)
+                pending.append((item, host))
+            else:
+                _check_ids(item, ids)
+        if not pending:
+            return _nothing_to_end
+        if self._copied is None:
+            self._copied = torch.cuda.Event()
+        self._copied.record()
+        return self._end
+
+    def _end(self) -> None:
+        self._copied.synchronize()
+        for item, host in self._pending:
+            values = host.tolist()
+            low, high = min(values), max(values)
+            if low < 0 or high >= item.rows:
+                self._pending.clear()
+                _refuse(item, low, high)
+        self._pending.clear()
+
+
+def _nothing_to_end() -> None:
+    pass
 
 
 _ARGUMENT = re.compile(r"L\['(\w+)'\]")
@@ -87,6 +144,7 @@ def _argument_reader(source: str) -> Callable[[dict], Any]:
     return lambda arguments: resolve_source(source, arguments)
 
 
+_BOUND = "vgc_bound_ids"   # node meta of the clamp `checker_for(..., bound=True)` adds
 _COPY_WHOLE = 4096   # ids up to this many are copied to the host and reduced there
 _AS_LIST = 64        # up to this many, reduced in Python
 
@@ -107,36 +165,62 @@ def _check_ids(item: CheckedInput, ids) -> None:
         # Fewer ids than _COPY_WHOLE come to the host whole: one copy and no kernel launch.
         low, high = (value.item() for value in torch.aminmax(ids.cpu()))
     if low < 0 or high >= item.rows:
-        raise IndexError(
-            f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "
-            f"(valid: 0..{item.rows - 1}); the request was not run. Pass ids from the model's own "
-            "vocabulary (a tokenizer for another model, or padding with -1, gives such ids).")
+        _refuse(item, low, high)
 
 
-def checker_for(gm: fx.GraphModule, example_inputs: list) -> InputIdCheck | None:
+def _refuse(item: CheckedInput, low: int, high: int):
+    raise IndexError(
+        f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "
+        f"(valid: 0..{item.rows - 1}); the request was not run. Pass ids from the model's own "
+        "vocabulary (a tokenizer for another model, or padding with -1, gives such ids).")
+
+
+def checker_for(gm: fx.GraphModule, example_inputs: list, bound: bool = False) -> InputIdCheck | None:
     """The check for `gm`'s inputs that feed embedding lookups, or None: nothing to check, or
-    `VGC_CHECK_INPUT_IDS=0`."""
+    `VGC_CHECK_INPUT_IDS=0`. `bound`: also clamp the ids of every checked lookup into its table, in `gm` (a graph
+    that may run before its check ends must never index outside a table); done once, a second call adds nothing."""
     if not envs.check_input_ids():
         return None
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     position = {node: i for i, node in enumerate(placeholders)}
     written = mutated_inputs(gm)   # an input rewritten in the graph (ids masked in place) holds other values later
     found: dict[int, CheckedInput] = {}
-    for node in gm.graph.nodes:
+    lookups = []
+    for node in list(gm.graph.nodes):
         lookup = _embedding_lookup(gm, node, example_inputs, position)
         if lookup is None:
             continue
         index, table, rows = lookup
-        while isinstance(index, fx.Node) and index.op != "placeholder" and _op_name(index) in _SAME_VALUES:
+        direct = index
+        while isinstance(index, fx.Node) and index.op != "placeholder" and (
+                _op_name(index) in _SAME_VALUES or _BOUND in index.meta):   # vgc's own clamp: its input is checked
             index = index.args[0]
         i = position.get(index)
         value = example_inputs[i] if i is not None and i < len(example_inputs) else None
         if i is None or i in written or not _integer_tensor(value):
             continue
+        lookups.append((node, direct, rows))
         source = _compat.placeholder_source_name(index)
         if i not in found or rows < found[i].rows:   # one input indexing several tables: the smallest bounds it
             found[i] = CheckedInput(i, source, _readable(source) or index.name, table, rows)
+    if bound:
+        for node, index, rows in lookups:
+            _clamp_index(gm, node, index, rows)
     return InputIdCheck(list(found.values())) if found else None
+
+
+def _clamp_index(gm: fx.GraphModule, lookup: fx.Node, index: fx.Node, rows: int) -> None:
+    """`lookup` reads `clamp(index, 0, rows - 1)` instead of `index` (unless it already does)."""
+    if not isinstance(index, fx.Node) or _BOUND in index.meta:
+        return
+    with gm.graph.inserting_before(lookup):
+        clamped = gm.graph.call_function(torch.clamp, (index, 0, rows - 1))
+    clamped.meta[_BOUND] = rows   # not a user's clamp: the ids before it are the ones checked
+    for key in ("example_value", "val", "tensor_meta"):   # the same shape and dtype as the ids
+        if key in index.meta:
+            clamped.meta[key] = index.meta[key]
+    lookup.replace_input_with(index, clamped)
+    gm.recompile()
 
 
 def checked(forward: Callable, check: InputIdCheck) -> Callable:

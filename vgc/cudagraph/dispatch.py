@@ -41,9 +41,10 @@ class GraphDispatcher:
     def __init__(self, call: Callable[[dict], Any], mode: CUDAGraphMode, capture_sizes: list[int],
                  dynamic: dict[str, int], pad_values: dict | None, uniform_decode: Callable[[dict], bool] | None,
                  runtime: GraphRuntime, traced_arguments: dict, traced_output: Any,
-                 id_check: Callable[[dict], None] | None = None, query_len: int = 1):
+                 id_check=None, query_len: int = 1):
         self.call = call
-        self.id_check = id_check   # token ids: a FULL replay skips the compiled forward, and its check with it
+        # token ids: a FULL replay skips the compiled forward, and its check with it (`ArgumentIdCheck`)
+        self.id_check = id_check
         self.mode = mode
         self.capture_sizes = sorted(capture_sizes)
         self.dynamic = dynamic
@@ -99,11 +100,14 @@ class GraphDispatcher:
             if full is not None and any(padded_arguments[name].shape != shape for name, shape in full.shapes.items()):
                 full = None   # another dynamic input relates to the batch size differently than at capture
         if full is not None:
-            if self.id_check is not None:
-                self.id_check(arguments)
             self._check_pinned(full, padded_arguments)
+            # The token ids travel to the host while the graph replays: its lookups clamp them, and a refused
+            # call's output is never returned.
+            end_check = self.id_check.begin(arguments) if self.id_check is not None else None
             out = full.replay()
             counters.cudagraph_replays += 1
+            if end_check is not None:
+                end_check()
         elif self.use_piecewise:
             out = self.call(padded_arguments)
         else:
@@ -124,11 +128,12 @@ class GraphDispatcher:
         padded = self.static.pad_to(arguments, self.dynamic, extents)
         if padded is None:
             return None
-        if self.id_check is not None:
-            self.id_check(arguments)
         self._check_pinned(full, arguments)   # the pinned ones (KV caches) are not padded
+        end_check = self.id_check.begin(arguments) if self.id_check is not None else None
         out = self._slice(full.replay(), size)
         counters.cudagraph_replays += 1
+        if end_check is not None:
+            end_check()
         if self.runtime.debug and self._debug.due(("full", extents[self.size_arg])):
             check_replay(out, lambda: self.call(arguments), f"FULL graph of {extents[self.size_arg]} tokens")
         return out

@@ -286,15 +286,19 @@ class _DecodeStep:
         self.slots = buffers["slot_mapping"][:batch]
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        if self.id_check is not None:
-            self.id_check({"input_ids": ids})
+        # the ids travel to the host while the graph replays (its lookups clamp them); a refused step's logits
+        # are not returned, and the cache's lengths do not grow
+        end_check = self.id_check.begin({"input_ids": ids}) if self.id_check is not None else None
         engine = self.engine
         if engine.staged is not self:
             self.stage(ids, positions, lens)
         else:
             _compat.copy_many(self.moving, [ids, positions, lens])
             torch.add(engine.row_start[:self.batch], positions, out=self.slots)
-        return self.graphs.replay_full(self.padded)
+        logits = self.graphs.replay_full(self.padded)
+        if end_check is not None:
+            end_check()
+        return logits
 
     def stage(self, ids: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor) -> None:
         """Write every input of this step, padding included, into the graph's buffers."""
