@@ -215,3 +215,63 @@ def test_a_saved_plans_shape_guards_come_back_as_saved_and_read_the_same(monkeyp
             assert a.sizes == b.sizes
             values = [sizes[arg] for arg, _, _ in a.sizes]
             assert a.evaluate(*values) == b.evaluate(*values)
+
+
+def _contract_of(arguments: dict, dynamic_arg_dims: dict):
+    import inspect
+
+    from vgc.capture.contract import argument_specs, InputContract
+
+    dynamic = dynamic_dims(arguments, dynamic_arg_dims)
+    signature = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                   for name in arguments])
+    return InputContract(signature, arguments, argument_specs(arguments, dynamic), dynamic, [])
+
+
+def _decode_call(n: int, **changes) -> dict:
+    call = {"ids": torch.zeros(n, dtype=torch.long), "table": torch.zeros(n, 8),
+            "kv": [torch.zeros(2, 16, 4) for _ in range(3)], "greedy": True,
+            "meta": {"lens": torch.zeros(n, dtype=torch.int32)}}
+    call.update(changes)
+    return call
+
+
+@pytest.mark.parametrize("with_torchs_check", [True, False])
+def test_the_one_call_tensor_check_accepts_exactly_what_the_specs_accept(monkeypatch, with_torchs_check):
+    """The tensors of a call (top level, and flat lists of them such as KV caches) are checked in one call of
+    Dynamo's C++ tensor check; what it does not take goes to the specs' own checks. Every variant is answered as
+    the specs alone answer it, and a serving loop's usual call takes the one check. Without torch's check (another
+    torch), the specs answer alone."""
+    from vgc import _compat
+
+    if not with_torchs_check:
+        monkeypatch.setattr(_compat, "tensor_checker", lambda *a: None)
+    contract = _contract_of(_decode_call(4), {"ids": 0, "table": 0, "meta": {"lens": 0}})
+    fast = contract._accepts_fast
+    assert (fast is not None) == with_torchs_check
+    variants = {
+        "usual": _decode_call(6),
+        "ids float": _decode_call(6, ids=torch.zeros(6)),
+        "table wide": _decode_call(6, table=torch.zeros(6, 9)),
+        "table transposed": _decode_call(6, table=torch.zeros(8, 6).t()),
+        "table with grad": _decode_call(6, table=torch.zeros(6, 8, requires_grad=True)),
+        "table of rank 3": _decode_call(6, table=torch.zeros(6, 8, 1)),
+        "kv short": _decode_call(6, kv=[torch.zeros(2, 16, 4)] * 2),
+        "kv a tuple": _decode_call(6, kv=tuple(torch.zeros(2, 16, 4) for _ in range(3))),
+        "kv permuted": _decode_call(6, kv=[torch.zeros(4, 16, 2).permute(2, 1, 0)] * 3),
+        "kv half": _decode_call(6, kv=[torch.zeros(2, 16, 4, dtype=torch.half)] * 3),
+        "kv holds None": _decode_call(6, kv=[None] * 3),
+        "greedy off": _decode_call(6, greedy=False),
+        "lens float": _decode_call(6, meta={"lens": torch.zeros(6)}),
+    }
+    spec_answers = {}
+    for name, call in variants.items():
+        monkeypatch.setattr(contract, "_accepts_fast", None)
+        spec_answers[name] = contract.accepts(call)
+        monkeypatch.setattr(contract, "_accepts_fast", fast)
+        assert contract.accepts(call) == spec_answers[name], name
+        if fast is not None and fast(call):
+            assert spec_answers[name], name
+    assert [name for name, ok in spec_answers.items() if ok] == ["usual", "table with grad"]
+    if fast is not None:
+        assert fast(variants["usual"]) and not fast(variants["table with grad"])

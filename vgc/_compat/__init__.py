@@ -25,8 +25,8 @@ from vgc._compat.inductor_load import compiler_modules_imported, torch_extern_ke
 from vgc._compat.dynamo import (
     allow_recompiles, assume_equal, backed_size_oblivious, device_from_inputs, dynamo_compile_id,
     forget_size_history, has_module_hooks, mark_dynamic, mark_unbacked, maybe_mark_dynamic,
-    model_state_guard_filter, no_duck_shape, register_bytecode_hook, skip_all_guards, through_dynamo,
-    traced_code_objects, tracing_context, untraceable_errors, within_tracing_context)
+    model_state_guard_filter, no_duck_shape, register_bytecode_hook, skip_all_guards, tensor_checker,
+    through_dynamo, traced_code_objects, tracing_context, untraceable_errors, within_tracing_context)
 from vgc._compat.precompile import (
     aot_backend_result, aot_bytecode, aot_capture, aot_guard_failure, aot_import_module_aliases,
     aot_precompile_available, aot_program_bytes, aot_program_load, aot_signature, aot_skip_guards,
@@ -47,8 +47,9 @@ __all__ = [
     "compiler_modules_imported", "torch_extern_kernels",
     "allow_recompiles", "assume_equal", "backed_size_oblivious", "device_from_inputs", "dynamo_compile_id",
     "forget_size_history", "has_module_hooks", "mark_dynamic", "mark_unbacked", "maybe_mark_dynamic",
-    "model_state_guard_filter", "no_duck_shape", "register_bytecode_hook", "skip_all_guards", "through_dynamo",
-    "traced_code_objects", "tracing_context", "untraceable_errors", "within_tracing_context", "aot_backend_result",
+    "model_state_guard_filter", "no_duck_shape", "register_bytecode_hook", "skip_all_guards", "tensor_checker",
+    "through_dynamo", "traced_code_objects", "tracing_context", "untraceable_errors", "within_tracing_context",
+    "aot_backend_result",
     "aot_bytecode", "aot_capture", "aot_guard_failure", "aot_import_module_aliases", "aot_precompile_available",
     "aot_program_bytes", "aot_program_load", "aot_signature", "aot_skip_guards", "aot_source_modules",
     "SerializableCallable", "copy_many", "default_store", "register_backend_by_name", "tree_flatten",

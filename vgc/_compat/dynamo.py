@@ -195,3 +195,15 @@ def has_module_hooks(model) -> bool:
         return False
     return bool(modules._global_forward_hooks or modules._global_forward_pre_hooks) or any(
         m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def tensor_checker(tensors: list, sizes: list[list], strides: list[list]) -> Callable[..., bool] | None:
+    """Dynamo's own C++ check of many tensors at once (`TensorGuards`): each later tensor has the example's dtype,
+    device, dispatch keys and grad flag, and the given sizes and strides (None: any). `check(*tensors)` -> bool.
+    None where this torch has no such check."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides).check
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        return None

@@ -16,7 +16,7 @@ from typing import Any
 from vgc import _compat
 from vgc.capture.paths import argument_tensors, describe, follow, InputMismatchError, render_path, SizeLocation
 from vgc.capture.size_guards import build_size_guards, SizeGuard
-from vgc.capture.specs import spec_of, TensorSpec
+from vgc.capture.specs import ContainerSpec, spec_of, TensorSpec
 from vgc.config import DynamicShapesType
 
 logger = logging.getLogger("vgc")
@@ -183,13 +183,16 @@ class InputContract:
         self.size_guards: list[SizeGuard] = build_size_guards(shape_guards, resolve,
                                                               conditions_level=conditions_level) + \
             build_size_guards(compiler_guards, resolve, by_inductor=True, conditions_level=conditions_level)
+        self._accepts_fast = _fast_check(specs, traced_arguments)
 
     def check(self, arguments: dict[str, Any]) -> None:
         """Raise `InputMismatchError` naming the argument and the fix when a call breaks the contract."""
-        for name, spec in self.specs.items():
-            value = arguments[name]
-            if not spec.ok(value):   # the message is built only for a call that fails
-                spec.check(f"argument {name!r}", value)
+        fast = self._accepts_fast
+        if fast is None or not fast(arguments):
+            for name, spec in self.specs.items():
+                value = arguments[name]
+                if not spec.ok(value):   # the message is built only for a call that fails
+                    spec.check(f"argument {name!r}", value)
         for guard in self.size_guards:
             guard.check(arguments)
 
@@ -202,3 +205,60 @@ class InputContract:
 
     def report(self) -> dict[str, list[int]]:
         return {name: sorted(dims) for name, dims in self.dynamic.items() if dims}
+
+
+def _fast_check(specs: dict[str, Any], traced_arguments: dict[str, Any]):
+    """`arguments -> bool`: True only for a call every spec accepts, with the tensors of the top-level arguments
+    and of flat lists and tuples of tensors (a decoder's KV caches) checked in one C++ call of Dynamo's tensor
+    check instead of one Python check each (about 24 against 6 µs for 18 tensors on a 2-core CPU, per call).
+    False sends the call to the specs' own checks, which accept what this refuses and name what is wrong: it
+    also holds a tensor to the traced one's dispatch keys, grad flag and strides. None where this torch has no
+    such check."""
+    gather: list[tuple[str, type | None, int]] = []   # (argument, container type or None for a tensor, length)
+    others = []                                          # (argument, spec.ok) for the rest
+    examples, sizes, strides, loose = [], [], [], []     # loose: tensors whose contiguity the strides leave open
+
+    def add(spec: TensorSpec, example) -> None:
+        static = dict(spec.static_dims)
+        shape = [static.get(d) for d in range(spec.ndim)]
+        expected: list[int | None] = [None] * spec.ndim
+        if spec.contiguous:
+            step = 1
+            for d in reversed(range(spec.ndim)):   # a contiguous stride is known while the dims after it are static
+                expected[d] = step
+                step = None if step is None or shape[d] is None else step * shape[d]
+            if None in expected:
+                loose.append(len(examples))
+        examples.append(example)
+        sizes.append(shape)
+        strides.append(expected)
+
+    for name, spec in specs.items():
+        value = traced_arguments[name]
+        if isinstance(spec, TensorSpec):
+            add(spec, value)
+            gather.append((name, None, 1))
+        elif isinstance(spec, ContainerSpec) and spec.kind in (list, tuple) and spec.items and \
+                all(isinstance(item, TensorSpec) for item in spec.items):
+            for item, example in zip(spec.items, value):
+                add(item, example)
+            gather.append((name, spec.kind, len(spec.items)))
+        else:
+            others.append((name, spec.ok))
+    check = _compat.tensor_checker(examples, sizes, strides) if examples else None
+    if check is None:
+        return None
+
+    def accepts(arguments: dict[str, Any]) -> bool:
+        tensors = []
+        for name, kind, length in gather:
+            value = arguments[name]
+            if kind is None:
+                tensors.append(value)
+            elif type(value) is kind and len(value) == length:
+                tensors.extend(value)
+            else:
+                return False
+        return check(*tensors) and all(tensors[i].is_contiguous() for i in loose) and \
+            all(ok(arguments[name]) for name, ok in others)
+    return accepts
