@@ -275,3 +275,16 @@ def test_the_one_call_tensor_check_accepts_exactly_what_the_specs_accept(monkeyp
     assert [name for name, ok in spec_answers.items() if ok] == ["usual", "table with grad"]
     if fast is not None:
         assert fast(variants["usual"]) and not fast(variants["table with grad"])
+
+
+def test_a_reader_of_many_places_reads_what_follow_reads():
+    """A FULL graph reads its KV caches' places on every call: a run of a list's items is read as the list whole,
+    any other place (or a call laid out otherwise) by following its path."""
+    from vgc.capture.paths import argument_tensors, follow, reader
+
+    call = {"ids": torch.zeros(2), "kv": [torch.zeros(1) for _ in range(4)], "meta": {"cache": (torch.zeros(3),)},
+            "pair": (torch.zeros(1), torch.zeros(1))}
+    places = [(name, steps) for name, value in call.items() if name != "ids" for steps, _ in argument_tensors(value)]
+    read = reader(places)
+    for given in (call, {**call, "kv": {i: torch.ones(1) for i in range(4)}}, {**call, "kv": tuple(call["kv"])}):
+        assert all(a is b for a, b in zip(read(given), [follow(given[n], s) for n, s in places], strict=True))

@@ -77,9 +77,12 @@ def test_static_inputs_reserve_room_for_offsets():
     static = StaticInputs(max_size=16, pad_values={"qsl": "edge"})
     static.reserve("qsl", torch.zeros(17, dtype=torch.int32), 0, 16)   # one more entry than the batch size
     assert static.buffers["qsl"].shape == (17,)
-    assert static.fits("qsl", torch.zeros(4), 0, padded=8, batch_size=3)
-    assert not static.fits("qsl", torch.zeros(30), 0, padded=16, batch_size=3)
+    assert static.all_fit({"qsl": torch.zeros(4)}, {"qsl": 0}, padded=8, batch_size=3)
+    assert not static.all_fit({"qsl": torch.zeros(30)}, {"qsl": 0}, padded=16, batch_size=3)
+    assert not static.all_fit({"qsl": torch.zeros(4), "ids": torch.zeros(3)}, {"qsl": 0, "ids": 0}, 8, 3)   # no room
     static.reserve("ids", torch.zeros(16, dtype=torch.int64), 0, 16)
+    assert static.all_fit({"qsl": torch.zeros(4), "ids": torch.zeros(3)}, {"qsl": 0, "ids": 0}, 8, 3)
+    assert not static.all_fit({"qsl": torch.zeros(4), "ids": torch.zeros(14)}, {"qsl": 0, "ids": 0}, 8, 3)
     views = static.pad_all({"qsl": torch.tensor([0, 2, 3], dtype=torch.int32), "ids": torch.tensor([7, 8])},
                            {"qsl": 0, "ids": 0}, 5)
     assert views["qsl"].tolist() == [0, 2, 3, 3, 3, 3, 3, 3] and views["ids"].tolist() == [7, 8, 0, 0, 0, 0, 0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -26,6 +26,34 @@ def follow(value: Any, steps: tuple[Step, ...]) -> Any:
     for kind, key in steps:
         value = getattr(value, key) if kind == "attr" else value[key]
     return value
+
+
+def reader(places: list[tuple[str, tuple[Step, ...]]]) -> Callable[[dict], list]:
+    """`arguments -> [the value at each (argument, path) of places]`, for a per-call read of many places (a FULL
+    graph's KV caches): a run of places that are items 0..n-1 of one list or tuple argument is read as that
+    argument whole, one lookup instead of n."""
+    runs: list[tuple[str, int | None, tuple]] = []   # (argument, n for a whole sequence else None, path)
+    for name, steps in places:
+        last = runs[-1] if runs else None
+        if steps == (("item", 0),):
+            runs.append((name, 1, ()))
+        elif last is not None and last[0] == name and last[1] is not None and steps == (("item", last[1]),):
+            runs[-1] = (name, last[1] + 1, ())
+        else:
+            runs.append((name, None, steps))
+
+    def read(arguments: dict) -> list:
+        out = []
+        for name, whole, steps in runs:
+            value = arguments[name]
+            if whole is None:
+                out.append(follow(value, steps))
+            elif type(value) in (list, tuple) and len(value) == whole:
+                out.extend(value)
+            else:   # another layout than at capture: read item by item, as any other place
+                out.extend(value[i] for i in range(whole))
+        return out
+    return read
 
 
 def children(value: Any) -> list[tuple[Step, Any]] | None:

@@ -254,8 +254,7 @@ class BreakableGraphs:
             if entry is None and self.capture_on_demand and self._served and padded in self.capture_sizes \
                     and padded not in self._not_capturable:
                 return self._capture_padded(bound, size, padded)
-            if entry is None or not all(self.static.fits(name, arguments[name], dim, padded, size)
-                                        for name, dim in self.dynamic.items()):
+            if entry is None or not self.static.all_fit(arguments, self.dynamic, padded, size):
                 return self._eager(bound, None)
             inputs = self.static.pad_all(arguments, self.dynamic, padded - size)
             leaves = entry.leaves_of(arguments, self._default_leaves)
@@ -285,7 +284,7 @@ class BreakableGraphs:
         for name, dim in self.dynamic.items():
             if name not in self.static.buffers:
                 self.static.reserve(name, arguments[name], dim, size)
-        if not all(self.static.fits(name, arguments[name], dim, padded, size) for name, dim in self.dynamic.items()):
+        if not self.static.all_fit(arguments, self.dynamic, padded, size):
             return self._eager(bound, None)
         call = inspect.BoundArguments(self._signature, {**arguments, **self.static.pad_all(arguments, self.dynamic,
                                                                                             padded - size)})

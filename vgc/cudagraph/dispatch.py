@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from vgc import cuda_runtime  # module attribute access: tests substitute capture()
-from vgc.capture.paths import argument_tensors, follow, InputMismatchError, render_path
+from vgc.capture.paths import argument_tensors, InputMismatchError, reader, render_path
 from vgc.config import CUDAGraphMode
 from vgc.counters import counters
 from vgc.cudagraph.captured import capture_graph, CaptureLoop, CapturedGraph, largest_first
@@ -90,8 +90,7 @@ class GraphDispatcher:
         padded = padded_size(size, self.capture_sizes)
         if padded != size and not self.may_pad:
             padded = None
-        if padded is None or not all(self.static.fits(name, arguments[name], dim, padded, size)
-                                     for name, dim in self.dynamic.items()):
+        if padded is None or not self.static.all_fit(arguments, self.dynamic, padded, size):
             return self._ungraphed(arguments)
         padded_arguments = self._pad(arguments, padded, size)
         full = None
@@ -267,8 +266,7 @@ class GraphDispatcher:
             self.call(arguments)               # warm-up with piece graphs bypassed
             pinned_at = self._pinned_at(arguments)
             full = capture_graph(lambda: self.call(arguments), self.runtime.pool(), held=arguments, args=arguments,
-                                 pinned_at=pinned_at, pinned_of=lambda given: [follow(given[name], steps)
-                                                                               for name, steps in pinned_at],
+                                 pinned_at=pinned_at, pinned_of=reader(pinned_at),
                                  shapes={name: arguments[name].shape for name in self.dynamic})
         self.full[size] = full
         self.full_sizes = sorted(self.full)

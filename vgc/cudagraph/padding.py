@@ -138,6 +138,7 @@ class StaticInputs:
         # (pad, each argument's size) -> the buffers' views for such a call: made once per shape, not per call
         # (each narrow is a dispatcher call, microseconds of host time between replays).
         self._slots: dict[tuple, list[tuple]] = {}
+        self._limits: dict[tuple, list[tuple]] = {}   # (padded, batch size, names) -> (name, dim, longest extent)
 
     def reserve(self, name: str, tensor: torch.Tensor, dim: int, batch_size: int) -> None:
         """Size `name`'s buffer from an example; later calls whose dim exceeds the room fall back un-graphed."""
@@ -149,10 +150,20 @@ class StaticInputs:
         self.buffers[name] = torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)
         self.slack[name] = slack
         self._slots.clear()   # they view the buffer this one replaced
+        self._limits.clear()
 
-    def fits(self, name: str, tensor: torch.Tensor, dim: int, padded: int, batch_size: int) -> bool:
-        buffer = self.buffers.get(name)
-        return buffer is not None and tensor.shape[dim] + padded - batch_size <= buffer.shape[dim]
+    def all_fit(self, arguments: dict, dims: dict[str, int], padded: int, batch_size: int) -> bool:
+        """Whether every dynamic argument (name -> its padded dim), padded by `padded - batch_size`, fits its
+        buffer; each one's room for a call of this size is worked out once."""
+        key = (padded, batch_size, *dims)
+        limits = self._limits.get(key)
+        if limits is None:
+            if len(self._limits) >= _KEPT_SHAPES:
+                self._limits.clear()
+            limits = self._limits[key] = [
+                (name, dim, self.buffers[name].shape[dim] - padded + batch_size if name in self.buffers else -1)
+                for name, dim in dims.items()]
+        return all([arguments[name].shape[dim] <= room for name, dim, room in limits])
 
     def pad_to(self, arguments: dict, dims: dict[str, int], extents: dict[str, int]) -> dict | None:
         """Every dynamic argument copied into its buffer and padded up to its own extent (inputs that count
