@@ -60,7 +60,13 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                          f"vgc::attention does not implement; pass max_cache_len <= {sliding_window} (then the "
                          "window never binds)")
     kv = batch["kv_caches"][module.layer_idx]
-    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    q, k = (t[0].transpose(0, 1).contiguous() for t in (query, key))
+    # The values stay where the projection wrote them: a slice of the fused qkv output, rows wider than the
+    # values (in a decode graph its copy was one more kernel per layer, outside the chain of PDL launches).
+    # vgc::attention reads every row and head by its stride, as for vgc's own Llama; it needs the head dim whole.
+    v = value[0].transpose(0, 1)
+    if v.stride(-1) != 1:
+        v = v.contiguous()
     out = q.new_empty(q.shape)
     torch.ops.vgc.attention(out, q, k, v, kv[0], kv[1], batch["slot_mapping"], batch["block_table"],
                             batch["seq_lens"], batch["query_start_loc"],
