@@ -82,7 +82,7 @@ class ArgumentIdCheck:
 
     def __init__(self, readers: list[tuple[CheckedInput, Callable[[dict], Any]]]):
         self.readers = readers
-        self._host: dict[tuple, torch.Tensor] = {}   # (ids, dtype) -> pinned buffer
+        self._host: dict[tuple, torch.Tensor] = {}   # (checked input, ids, dtype) -> pinned buffer
         self._copied = None                           # a CUDA event, made at the first begun copy
         self._pending: list[tuple[CheckedInput, torch.Tensor]] = []
 
@@ -97,15 +97,15 @@ class ArgumentIdCheck:
         outside an embedding table on a bad id: the graphs vgc captures clamp them (`checker_for`)."""
         pending = self._pending
         pending.clear()
-        for item, read in self.readers:
+        for i, (item, read) in enumerate(self.readers):
             ids = read(arguments)
             if (isinstance(ids, torch.Tensor) and ids.is_cuda and 0 < ids.numel() <= _AS_LIST
                     and not cuda_runtime.stream_capturing()):
-                key = (ids.numel(), ids.dtype)
+                key = (i, ids.numel(), ids.dtype)   # each checked input its own buffer: all copies are in flight
                 host = self._host.get(key)
                 if host is None:
                     # Pinned: a copy into pageable memory would wait for the GPU, as `tolist` does.
-                    host = self._host[key] = torch.empty(key[0], dtype=key[1], pin_memory=True)
+                    host = self._host[key] = torch.empty(ids.numel(), dtype=ids.dtype, pin_memory=True)
                 host.copy_(ids if ids.dim() == 1 else ids.reshape(-1), non_blocking=True)
                 pending.append((item, host))
             else:
