@@ -254,6 +254,13 @@ def test_a_begun_check_of_cuda_ids_refuses_when_it_ends():
                 assert end() is None
     with pytest.raises(IndexError, match=r"input_ids holds ids in \[50, 50\]"):
         check.begin({"input_ids": torch.full((65,), 50, device="cuda")})
+    two = request_checks.InputIdCheck([   # two inputs of one shape, both copies in flight at once
+        request_checks.CheckedInput(0, "L['a']", "a", "embed", 50),
+        request_checks.CheckedInput(1, "L['b']", "b", "other", 10)]).by_argument_name()
+    torch.cuda._sleep(20_000_000)
+    end = two.begin({"a": torch.tensor([3, 49], device="cuda"), "b": torch.tensor([3, 10], device="cuda")})
+    with pytest.raises(IndexError, match=r"b holds ids in \[3, 10\] but the embedding other has 10 rows"):
+        end()
     graph = torch.cuda.CUDAGraph()
     bad = torch.tensor([50], device="cuda")
     with torch.cuda.graph(graph):
