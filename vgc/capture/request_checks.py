@@ -119,13 +119,9 @@ class ArgumentIdCheck:
 
     def _end(self) -> None:
         self._copied.synchronize()
-        for item, host in self._pending:
+        for item, host in self._pending:   # cleared by the next begin
             values = host.tolist()
-            low, high = min(values), max(values)
-            if low < 0 or high >= item.rows:
-                self._pending.clear()
-                _refuse(item, low, high)
-        self._pending.clear()
+            _check_range(item, min(values), max(values))
 
 
 def _nothing_to_end() -> None:
@@ -164,15 +160,15 @@ def _check_ids(item: CheckedInput, ids) -> None:
     else:
         # Fewer ids than _COPY_WHOLE come to the host whole: one copy and no kernel launch.
         low, high = (value.item() for value in torch.aminmax(ids.cpu()))
+    _check_range(item, low, high)
+
+
+def _check_range(item: CheckedInput, low: int, high: int) -> None:
     if low < 0 or high >= item.rows:
-        _refuse(item, low, high)
-
-
-def _refuse(item: CheckedInput, low: int, high: int):
-    raise IndexError(
-        f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "
-        f"(valid: 0..{item.rows - 1}); the request was not run. Pass ids from the model's own "
-        "vocabulary (a tokenizer for another model, or padding with -1, gives such ids).")
+        raise IndexError(
+            f"{item.name} holds ids in [{low}, {high}] but the embedding {item.table} has {item.rows} rows "
+            f"(valid: 0..{item.rows - 1}); the request was not run. Pass ids from the model's own "
+            "vocabulary (a tokenizer for another model, or padding with -1, gives such ids).")
 
 
 def checker_for(gm: fx.GraphModule, example_inputs: list, bound: bool = False) -> InputIdCheck | None:
@@ -186,7 +182,7 @@ def checker_for(gm: fx.GraphModule, example_inputs: list, bound: bool = False) -
     written = mutated_inputs(gm)   # an input rewritten in the graph (ids masked in place) holds other values later
     found: dict[int, CheckedInput] = {}
     lookups = []
-    for node in list(gm.graph.nodes):
+    for node in gm.graph.nodes:
         lookup = _embedding_lookup(gm, node, example_inputs, position)
         if lookup is None:
             continue
@@ -203,16 +199,16 @@ def checker_for(gm: fx.GraphModule, example_inputs: list, bound: bool = False) -
         source = _compat.placeholder_source_name(index)
         if i not in found or rows < found[i].rows:   # one input indexing several tables: the smallest bounds it
             found[i] = CheckedInput(i, source, _readable(source) or index.name, table, rows)
-    if bound:
-        for node, index, rows in lookups:
-            _clamp_index(gm, node, index, rows)
+    if bound and sum(_clamp_index(gm, node, index, rows) for node, index, rows in lookups):
+        gm.recompile()
     return InputIdCheck(list(found.values())) if found else None
 
 
-def _clamp_index(gm: fx.GraphModule, lookup: fx.Node, index: fx.Node, rows: int) -> None:
-    """`lookup` reads `clamp(index, 0, rows - 1)` instead of `index` (unless it already does)."""
+def _clamp_index(gm: fx.GraphModule, lookup: fx.Node, index: fx.Node, rows: int) -> bool:
+    """`lookup` reads `clamp(index, 0, rows - 1)` instead of `index`, in `gm`'s graph (the caller recompiles);
+    False when it already does."""
     if not isinstance(index, fx.Node) or _BOUND in index.meta:
-        return
+        return False
     with gm.graph.inserting_before(lookup):
         clamped = gm.graph.call_function(torch.clamp, (index, 0, rows - 1))
     clamped.meta[_BOUND] = rows   # not a user's clamp: the ids before it are the ones checked
@@ -220,7 +216,7 @@ def _clamp_index(gm: fx.GraphModule, lookup: fx.Node, index: fx.Node, rows: int)
         if key in index.meta:
             clamped.meta[key] = index.meta[key]
     lookup.replace_input_with(index, clamped)
-    gm.recompile()
+    return True
 
 
 def checked(forward: Callable, check: InputIdCheck) -> Callable:

@@ -100,13 +100,7 @@ class GraphDispatcher:
                 full = None   # another dynamic input relates to the batch size differently than at capture
         if full is not None:
             self._check_pinned(full, padded_arguments)
-            # The token ids travel to the host while the graph replays: its lookups clamp them, and a refused
-            # call's output is never returned.
-            end_check = self.id_check.begin(arguments) if self.id_check is not None else None
-            out = full.replay()
-            counters.cudagraph_replays += 1
-            if end_check is not None:
-                end_check()
+            out = self._replay_checked(full, arguments)
         elif self.use_piecewise:
             out = self.call(padded_arguments)
         else:
@@ -128,13 +122,19 @@ class GraphDispatcher:
         if padded is None:
             return None
         self._check_pinned(full, arguments)   # the pinned ones (KV caches) are not padded
+        out = self._slice(self._replay_checked(full, arguments), size)
+        if self.runtime.debug and self._debug.due(("full", extents[self.size_arg])):
+            check_replay(out, lambda: self.call(arguments), f"FULL graph of {extents[self.size_arg]} tokens")
+        return out
+
+    def _replay_checked(self, full: CapturedGraph, arguments: dict):
+        """`full` replayed for a call, its token ids travelling to the host meanwhile: the graph's lookups clamp
+        them, and a refused call raises here, its output never returned."""
         end_check = self.id_check.begin(arguments) if self.id_check is not None else None
-        out = self._slice(full.replay(), size)
+        out = full.replay()
         counters.cudagraph_replays += 1
         if end_check is not None:
             end_check()
-        if self.runtime.debug and self._debug.due(("full", extents[self.size_arg])):
-            check_replay(out, lambda: self.call(arguments), f"FULL graph of {extents[self.size_arg]} tokens")
         return out
 
     # ---- for callers that own the inputs ----
