@@ -42,6 +42,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, at most 4. Each worker pays its own fresh Inductor cache dir and its own
+    session-scoped compiles, so more workers than that add start-up, not speed."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warn_once(monkeypatch):
+    """vgc warns once per problem per process: each test starts with none warned, so a test that expects a warning
+    sees it whichever tests ran before it in this process (an xdist worker runs any subset, in any order)."""
+    monkeypatch.setattr(vgc.log, "_warned", set())
+
+
 @pytest.fixture
 def fresh_counters():
     vgc.counters.reset()
