@@ -27,6 +27,7 @@ from vgc.backend import VgcBackend
 from vgc.cache import debug_files, saved_traces
 from vgc.cache.entry import open_root, open_store
 from vgc.cache.keys import module_source_files, user_source_files
+from vgc.capture import registries
 from vgc.capture.contract import InputContract
 from vgc.capture.model_state import model_structure, state_mismatch, state_shapes
 from vgc.capture.paths import InputMismatchError
@@ -237,9 +238,11 @@ class TraceSession:
             logger.info("saved trace not used: %s", reason)
         if found is None:
             return None
+        bound = getattr(self.forward, "__self__", None)
         try:
-            program = _compat.aot_program_load(saved_traces.read(found.path), getattr(self.traced, "__globals__",
-                                                                                   None))
+            with registries.laid_out_for(bound):   # the guards Dynamo rebuilds here read them by position
+                program = _compat.aot_program_load(saved_traces.read(found.path),
+                                                   getattr(self.traced, "__globals__", None))
             saved = _compat.aot_backend_result(program)
             if not isinstance(saved, SavedGraph):
                 raise saved_traces.DamagedTrace(f"it holds a {type(saved).__name__}, not a vgc graph")
@@ -287,7 +290,7 @@ class TraceSession:
             values_mismatch(plan.state_values, {"self": bound})
         if mismatch is not None:
             return f"the model differs from the traced one: {mismatch}"
-        with torch.no_grad():
+        with torch.no_grad(), registries.laid_out_for(bound):
             args, kwargs = self._layout(args, kwargs)
             failure = _compat.aot_guard_failure(program, ((bound,) if bound is not None else ()) + tuple(args),
                                                 kwargs)
@@ -317,7 +320,7 @@ class TraceSession:
         bound = getattr(self.forward, "__self__", None)
         # The model's plain attribute values the trace reads are vgc's to check at a load, not Dynamo's guards'
         recorder = StateValueRecorder(bound) if bound is not None else None
-        with self.backend.tracing(plan_only=True):
+        with self.backend.tracing(plan_only=True), registries.laid_out_for(bound):
             program = _compat.aot_capture(self.traced, self.backend, *self._layout(args, kwargs),
                                           _compat.model_state_guard_filter(
                                               set(self.arguments), recorder.take_over if recorder else None))
