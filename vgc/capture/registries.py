@@ -7,6 +7,10 @@ models first (a server hosting several, a tiered start's server, a test worker) 
 they had not been built, and crashed building the guards where a position held another class's empty record. Around
 a capture and a load vgc shows each such registry holding the traced model's own classes only, in the order its
 modules are walked, and puts the rest back after: the layout a trace sees depends on the model alone.
+
+Within that window (a capture at warm-up, or a load and its guard check) another thread running another
+transformers model finds no record of its class: asked for hidden states or attentions, it would return none.
+vgc compiles before serving, so only a process that warms one model while serving another meets it.
 """
 
 from __future__ import annotations
