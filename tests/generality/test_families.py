@@ -3,7 +3,7 @@ SDPA, and `vgc.compile` with compile ranges over sizes on both sides of the fami
 give eager's outputs (fp32, `FP32_TOL`) and never crash; `vgc.compile` must not trace or compile after warm-up.
 
 About 8 minutes on 2 cores (60 cold Inductor compiles and more), so the README's suite leaves it out (marker
-`extended`) and `.ci/run` runs it as a second step: `pytest -q -m extended`.
+`extended`) and `.ci/run` runs it as a second step: `pytest -q -n auto -m extended`.
 """
 
 import pytest
