@@ -45,8 +45,8 @@ def test_config_hash_covers_the_codegen_fields_and_is_stable():
     # Every existing cache entry is keyed by this value: change it only on purpose (it changed when the graph
     # passes' settings entered the hash, when sibling-matmul fusion was switched on by default, when the
     # skinny_matmuls pass joined the table, off, when it was switched on by default, when skinny_matmul_fusion
-    # joined it, on, and skinny_matmul_rope, on).
-    assert config.compute_hash() == "5929112cd11e991b"
+    # joined it, on, skinny_matmul_rope, on, and outer_products, on).
+    assert config.compute_hash() == "ca0a75b3447c70ff"
     assert vgc.CompilationConfig(debug=True, cudagraph_mode="full", cudagraph_capture_sizes=[4],
                                  max_cudagraph_capture_size=64, cudagraph_memory_budget_mb=100,
                                  cudagraph_traffic_profile="traffic.json", cudagraph_max_graphs=4,

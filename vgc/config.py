@@ -314,7 +314,9 @@ class CompilationConfig:
         "programmatic dependent on Hopper; 1.13x at batch-1 decode on an H200) and 'skinny_matmul_fusion' (on: "
         "those GEMVs also take the residual add, RMSNorm and SiLU-and-multiply around them; 1.12x more at batch-1 "
         "decode on an H100, 185 -> 138 kernels) and 'skinny_matmul_rope' (on: q and k's rotary embedding in the "
-        "fused qkv GEMV too, as vgc's Llama or transformers spell it; 1.03x more, 138 -> 108 kernels); "
+        "fused qkv GEMV too, as vgc's Llama or transformers spell it; 1.03x more, 138 -> 108 kernels) and "
+        "'outer_products' (on: a matmul whose inner dim is 1, such as transformers' rotary angles, as a multiply "
+        "that fuses into its neighbours; the same numbers, fp32 ones kept as matmuls while TF32 is allowed); "
         "unnamed passes keep their default (see docs/architecture.md#graph-passes-vgcpasses).", _pass_config, in_hash=True, factory=dict)
     inductor_passes: dict[str, Any] = _field(
         "The user's graph passes, by name: torch `CustomGraphPass` objects or callables with a `uuid()`; run after "

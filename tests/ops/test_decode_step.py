@@ -243,9 +243,11 @@ def test_the_skinny_matmuls_pass_is_on_by_default_and_keyed_by_what_it_does(monk
 
     default = pass_manager(vgc.CompilationConfig().pass_config, {})
     # measured faster (docs/benchmarks.md); the fusion runs after the pass whose ops it fuses
-    assert [p.name for p in default.passes] == ["skinny_matmuls", "skinny_matmul_fusion", "skinny_matmul_rope"]
+    assert [p.name for p in default.passes] == ["outer_products", "skinny_matmuls", "skinny_matmul_fusion",
+                                                "skinny_matmul_rope"]
     # the fusion works on the other pass's ops: off with it
-    assert pass_manager(vgc.CompilationConfig(pass_config={"skinny_matmuls": False}).pass_config, {}) is None
+    alone = pass_manager(vgc.CompilationConfig(pass_config={"skinny_matmuls": False}).pass_config, {})
+    assert [p.name for p in alone.passes] == ["outer_products"]
     on = pass_manager({"skinny_matmuls": True}, {}).uuid()
     monkeypatch.setenv("VGC_SKINNY_MM_ON_CPU", "1")
     assert pass_manager({"skinny_matmuls": True}, {}).uuid() != on

@@ -11,7 +11,10 @@ from vgc import _compat
 from vgc.passes import BUILTIN_PASSES
 from vgc.passes.manager import PassManager, pass_manager
 from vgc.passes.noop import eliminate_noops
+from vgc.passes.outer_product import options as outer_products_options, rewrite_outer_products
 from conftest import FP32_TOL, MLP, SiblingBlock
+
+aten = torch.ops.aten
 
 
 def test_noop_elimination_removes_same_shape_views_slices_and_expands():
@@ -31,6 +34,44 @@ def test_noop_elimination_removes_same_shape_views_slices_and_expands():
     assert len(before) - len(after) == 4
     assert after.count(torch.ops.aten.view.default) == 1 and after.count(torch.ops.aten.slice.Tensor) == 1
     torch.testing.assert_close(gm(x, y), f(x, y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmuls_with_an_inner_dim_of_one_become_the_same_multiplies(dtype):
+    def f(freq, pos, a, b):
+        angles = freq[None, :, None].expand(3, -1, 1) @ pos[:, None, :]   # transformers' rotary spelling: bmm
+        outer = a[:, :1] @ b[:1, :]                                         # mm, K = 1
+        return angles.cos(), outer, a @ b                                   # K = 4 stays a matmul
+
+    gen = torch.Generator().manual_seed(0)
+    args = [torch.randn(*shape, generator=gen).to(dtype) * 50 for shape in ((8,), (3, 5), (6, 4), (4, 7))]
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    matmuls = lambda: [n.target for n in gm.graph.nodes if n.target in (aten.mm.default, aten.bmm.default)]  # noqa: E731
+    assert matmuls() == [aten.bmm.default, aten.mm.default, aten.mm.default]
+    assert rewrite_outer_products(gm.graph) == 2
+    gm.recompile()
+    assert matmuls() == [aten.mm.default]
+    # one rounding of one product either way: the same bits, not merely close
+    for got, want in zip(gm(*args), f(*args)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_fp32_outer_products_stay_matmuls_while_tf32_is_allowed():
+    def f(a, b):
+        return a @ b
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(6, 1), torch.randn(1, 4))
+    untouched = outer_products_options()
+    before = torch.get_float32_matmul_precision()   # one API to set and restore: torch warns on mixed ones
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert rewrite_outer_products(gm.graph) == 0   # cuBLAS would round the inputs to TF32 first
+        assert outer_products_options() != untouched   # so the setting is part of the pass's cache identity
+    finally:
+        torch.set_float32_matmul_precision(before)
+    bf16 = make_fx(f, tracing_mode="fake")(torch.randn(6, 1, dtype=torch.bfloat16),
+                                           torch.randn(1, 4, dtype=torch.bfloat16))
+    assert rewrite_outer_products(bf16.graph) == 1
 
 
 class CountingPass(_compat.CustomGraphPass):
@@ -109,10 +150,10 @@ def test_debug_dump_path_gets_each_graph_before_and_after_each_pass(no_cache, mo
         torch.testing.assert_close(compiled(x), model(x), **FP32_TOL)
     names = sorted(p.name for p in tmp_path.iterdir())   # piece-<graph>-<step>-<before|after>-<pass>.py
     assert {name.split("-", 2)[2] for name in names} == {
-        "00-before-eliminate_noops.py", "00-after-eliminate_noops.py", "01-before-skinny_matmuls.py",
-        "01-after-skinny_matmuls.py", "02-before-skinny_matmul_fusion.py", "02-after-skinny_matmul_fusion.py",
-        "03-before-skinny_matmul_rope.py", "03-after-skinny_matmul_rope.py", "04-before-count.py",
-        "04-after-count.py"}
+        "00-before-eliminate_noops.py", "00-after-eliminate_noops.py", "01-before-outer_products.py",
+        "01-after-outer_products.py", "02-before-skinny_matmuls.py", "02-after-skinny_matmuls.py",
+        "03-before-skinny_matmul_fusion.py", "03-after-skinny_matmul_fusion.py", "04-before-skinny_matmul_rope.py",
+        "04-after-skinny_matmul_rope.py", "05-before-count.py", "05-after-count.py"}
     assert "torch.ops.aten" in (tmp_path / names[0]).read_text()
 
 
@@ -123,6 +164,25 @@ def test_the_tiny_decoder_with_every_pass_equals_eager(tiny, no_cache):
     on = {name: True for name in BUILTIN_PASSES}
     compiled = torch.compile(model, backend="vgc", options={"pass_config": on})
     assert_matches_eager(cfg, model, compiled, sizes=(1, 5, 16))
+
+
+def test_transformers_rotary_angles_become_a_multiply(no_cache, monkeypatch, tmp_path):
+    """An unmodified Hugging Face Llama: its rotary angles (`inv_freq @ position_ids`, fp32, K = 1) are no matmul
+    in the piece that computes them; the output stays eager's."""
+    pytest.importorskip("transformers")
+    from conftest import hf_llama
+
+    monkeypatch.setenv("VGC_DEBUG_DUMP_PATH", str(tmp_path))
+    model = hf_llama(num_hidden_layers=1)
+    compiled = torch.compile(model, backend="vgc", options={"splitting_ops": SDPA})
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state,
+                                   **FP32_TOL)
+    # torch 2.13 on decomposes it itself; on 2.11 and 2.12 the pass does (the test above covers the pass alone)
+    after = [p.read_text() for p in tmp_path.glob("*-after-outer_products.py")]
+    assert after and not any("aten.bmm.default" in text for text in after)
+    assert any("aten.cos.default" in text for text in after)   # the angles are computed in a compiled piece
 
 
 def test_the_manager_is_a_torch_custom_graph_pass():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from vgc.passes import skinny_fusion, skinny_matmul
+from vgc.passes import outer_product, skinny_fusion, skinny_matmul
 from vgc.passes.noop import eliminate_noops
 from vgc.passes.sibling_matmul import fuse_sibling_linears
 
@@ -27,6 +27,9 @@ class BuiltinPass:
 
 BUILTIN_PASSES = {
     "eliminate_noops": BuiltinPass(eliminate_noops, default=False, stage="post_grad"),
+    # transformers' rotary angles (an fp32 matmul with K = 1) as a multiply that fuses into the cos/sin kernel
+    "outer_products": BuiltinPass(outer_product.rewrite_outer_products, default=True, stage="post_grad",
+                                  options=outer_product.options),
     "fuse_sibling_matmuls": BuiltinPass(fuse_sibling_linears, default=True, stage="split"),
     "skinny_matmuls": BuiltinPass(skinny_matmul.use_skinny_matmuls, default=True, stage="post_grad",
                                   options=skinny_matmul.options),

@@ -15,6 +15,8 @@ Rows (each on its own copy of the model; vgc's fusion pass rebinds weights):
   graph after each decode graph, no host sync per token);
 - `vgc integration unfused`: the same with the `skinny_matmul_fusion` pass off (the default before it);
 - `vgc integration (RoPE apart)`: the same with only `skinny_matmul_rope` off (q and k rotated by Inductor's kernels);
+- `vgc integration (matmul angles)`: the same with only `outer_products` off (the rotary angles a K = 1 matmul, as
+  torch before 2.13 compiles them);
 - `vgc integration (host loop)`: the same with `device_loop=False`: transformers' own loop around vgc's decode graphs;
 - `vgc breakable (dynamic cache)`: `vgc.integrations.transformers.breakable(model, batch_sizes=[batch])`: no Dynamo,
   no Inductor; decode steps replay breakable CUDA graphs on the default dynamic cache.
@@ -71,10 +73,12 @@ def _shape(name: str, layers: int | None):
 
 MODELS = ("llama_1b", "qwen2_0_5b", "tiny")
 ROWS = ("eager", "anchor", "vgc drop-in (dynamic cache)", "vgc CompileConfig (static cache)", "vgc integration",
-        "vgc integration unfused", "vgc integration (RoPE apart)", "vgc integration (host loop)",
+        "vgc integration unfused", "vgc integration (RoPE apart)", "vgc integration (matmul angles)",
+        "vgc integration (host loop)",
         "vgc breakable (dynamic cache)")
 _INTEGRATION_PASSES = {"vgc integration unfused": {"skinny_matmul_fusion": False},
-                       "vgc integration (RoPE apart)": {"skinny_matmul_rope": False}}
+                       "vgc integration (RoPE apart)": {"skinny_matmul_rope": False},
+                       "vgc integration (matmul angles)": {"outer_products": False}}
 
 
 def _build(config, device: str, dtype: torch.dtype):
