@@ -83,8 +83,9 @@ class ShapeRecorder(torch._inductor.custom_graph_pass.CustomGraphPass):
 
 def test_compile_sizes_inductor_config_applies_to_static_artifacts_only(fresh_counters, no_cache):
     everywhere, static_only = ShapeRecorder("everywhere"), ShapeRecorder("static-only")
-    # the post-grad slot is the user's only while no vgc pass runs there (skinny_matmuls does by default)
-    config = vgc.CompilationConfig(compile_sizes=[8], pass_config={"skinny_matmuls": False},
+    # the post-grad slot is the user's only while no vgc pass runs there (skinny_matmuls and outer_products do by
+    # default)
+    config = vgc.CompilationConfig(compile_sizes=[8], pass_config={"skinny_matmuls": False, "outer_products": False},
                                    inductor_compile_config={"post_grad_custom_post_pass": everywhere},
                                    compile_sizes_inductor_config={"post_grad_custom_pre_pass": static_only})
     torch.manual_seed(0)
