@@ -166,6 +166,33 @@ def test_the_tiny_decoder_with_every_pass_equals_eager(tiny, no_cache):
     assert_matches_eager(cfg, model, compiled, sizes=(1, 5, 16))
 
 
+class _Angles(torch.nn.Module):
+    """Positions times frequencies as a matmul of inner dim 1, too large for Inductor's own CPU decomposition of such
+    an `mm` (which takes only 32 elements or fewer), then cos and sin as rotary embeddings take them."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)))
+
+    def forward(self, positions):
+        angles = positions.float()[:, None] @ self.inv_freq[None, :]
+        return angles * 1.0, angles.cos()
+
+
+def test_the_outer_products_pass_gives_eagers_bits_inside_inductor(no_cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("VGC_DEBUG_DUMP_PATH", str(tmp_path))
+    model = _Angles().eval()
+    compiled = torch.compile(model, backend="vgc", options={"inductor_compile_config": {"fx_graph_cache": False}})
+    positions = torch.arange(40) * 37
+    with torch.no_grad():
+        (angles, cos), (want_angles, want_cos) = compiled(positions), model(positions)
+    assert torch.equal(angles, want_angles)   # one rounding of one product, as sgemm gives it
+    torch.testing.assert_close(cos, want_cos, rtol=1e-6, atol=1e-6)
+    (before,) = [p.read_text() for p in tmp_path.glob("*-before-outer_products.py")]
+    (after,) = [p.read_text() for p in tmp_path.glob("*-after-outer_products.py")]
+    assert "aten.mm.default" in before and "aten.mm.default" not in after
+
+
 def test_transformers_rotary_angles_become_a_multiply(no_cache, monkeypatch, tmp_path):
     """An unmodified Hugging Face Llama: its rotary angles (`inv_freq @ position_ids`, fp32, K = 1) are no matmul
     in the piece that computes them; the output stays eager's."""
