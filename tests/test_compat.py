@@ -441,7 +441,9 @@ def test_copy_many_copies_mixed_dtypes_in_one_multi_tensor_copy(monkeypatch):
     assert calls == []
     for odd in ([targets[0], targets[2]], [torch.arange(5.0), torch.randn(2, 3)]), \
             ([torch.tensor(0), targets[1]], [torch.tensor(4), sources[1] + 2]), \
-            ([targets[4].t(), targets[0]], [torch.full((2, 4), 7, dtype=torch.int32), sources[0] * 2]):
+            ([targets[4].t(), targets[0]], [torch.full((2, 4), 7, dtype=torch.int32), sources[0] * 2]), \
+            ([torch.empty(3, dtype=torch.complex64), targets[0]], [torch.randn(3, dtype=torch.complex64).conj(),
+                                                                   sources[0] * 3]):
         calls.clear()
-        _compat.copy_many(*odd)   # a float -> int64 copy; a 0-dim pair; a transposed target
+        _compat.copy_many(*odd)   # a float -> int64 copy; a 0-dim pair; a transposed target; a conjugate view
         assert all(torch.equal(t, s.to(t.dtype)) for t, s in zip(*odd)) and len(calls) == 2

@@ -96,8 +96,11 @@ def _byte_views(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> tup
         if (target.dtype is not source.dtype or target.dim() == 0 or target.shape != source.shape
                 or target.stride() != source.stride() or target.stride(-1) != 1 or target.device != source.device):
             return None
-        into.append(target.view(torch.uint8))
-        of.append(source.view(torch.uint8))
+        try:
+            into.append(target.view(torch.uint8))
+            of.append(source.view(torch.uint8))
+        except RuntimeError:   # a tensor torch will not reinterpret (a conjugate or quantized view)
+            return None
     return into, of
 
 
