@@ -8,12 +8,12 @@ unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=$(mktemp -d)/pyc PYTHO
 save() { tar czf $OUT/call1.tgz -C $W .; }
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor
 timeout 60 python benchmarks/results/issue47-2026-12-07g/copies.py > $W/copies.txt 2>&1; cat $W/copies.txt; save
-timeout 200 python -m pytest -q -p no:cacheprovider -m gpu -rs tests/capture/test_request_checks.py \
+timeout 130 python -m pytest -q -p no:cacheprovider -m gpu -rs tests/capture/test_request_checks.py \
   tests/ops/test_decode_step.py tests/integrations/test_transformers_integration.py tests/test_compat.py \
   tests/passes > $W/gpu_tests.txt 2>&1; echo "pytest rc $?" >> $W/gpu_tests.txt
 tail -8 $W/gpu_tests.txt; echo "tests done at ${SECONDS}s"; save
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor
-timeout $(( 585 - SECONDS )) python -m vgc bench generate --batch 1,8 --reps 3 \
+timeout $(( 560 - SECONDS )) python -m vgc bench generate --batch 1,8 --reps 3 \
   --only "anchor,vgc integration,vgc integration (matmul angles)" --json $W/generate.json 2>&1 \
   | grep -v Warning > $W/generate.txt
 tail -32 $W/generate.txt; echo "done at ${SECONDS}s"; save
