@@ -56,22 +56,33 @@ def test_matmuls_with_an_inner_dim_of_one_become_the_same_multiplies(dtype):
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
-def test_fp32_outer_products_stay_matmuls_while_tf32_is_allowed():
+def test_fp32_outer_products_stay_matmuls_where_matmuls_round_fp32_inputs():
     def f(a, b):
         return a @ b
 
     gm = make_fx(f, tracing_mode="fake")(torch.randn(6, 1), torch.randn(1, 4))
     untouched = outer_products_options()
+    assert not _compat.reduced_fp32_matmuls("cuda") and not _compat.reduced_fp32_matmuls("cpu")
     before = torch.get_float32_matmul_precision()   # one API to set and restore: torch warns on mixed ones
-    torch.set_float32_matmul_precision("high")
+    torch.set_float32_matmul_precision("high")   # TF32 for cuBLAS and oneDNN alike
     try:
-        assert rewrite_outer_products(gm.graph) == 0   # cuBLAS would round the inputs to TF32 first
+        assert _compat.reduced_fp32_matmuls("cuda") and _compat.reduced_fp32_matmuls("cpu")
+        assert rewrite_outer_products(gm.graph) == 0   # the matmul would round the inputs to TF32 first
         assert outer_products_options() != untouched   # so the setting is part of the pass's cache identity
     finally:
         torch.set_float32_matmul_precision(before)
+    mkldnn = torch.backends.mkldnn.matmul
+    kept = mkldnn.fp32_precision
+    mkldnn.fp32_precision = "bf16"   # the CPU's own reduced mode, CUDA's untouched
+    try:
+        assert _compat.reduced_fp32_matmuls("cpu") and not _compat.reduced_fp32_matmuls("cuda")
+        assert rewrite_outer_products(gm.graph) == 0
+    finally:
+        mkldnn.fp32_precision = kept
     bf16 = make_fx(f, tracing_mode="fake")(torch.randn(6, 1, dtype=torch.bfloat16),
                                            torch.randn(1, 4, dtype=torch.bfloat16))
     assert rewrite_outer_products(bf16.graph) == 1
+    assert rewrite_outer_products(gm.graph) == 1   # exact again
 
 
 class CountingPass(_compat.CustomGraphPass):

@@ -32,7 +32,7 @@ from vgc._compat.precompile import (
     aot_precompile_available, aot_program_bytes, aot_program_load, aot_signature, aot_skip_guards,
     aot_source_modules, SerializableCallable)
 from vgc._compat.runtime import (
-    copy_many, default_store, register_backend_by_name, tf32_matmuls, tree_flatten, tree_leaves, tree_map,
+    copy_many, default_store, reduced_fp32_matmuls, register_backend_by_name, tree_flatten, tree_leaves, tree_map,
     tree_unflatten)
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "aot_backend_result",
     "aot_bytecode", "aot_capture", "aot_guard_failure", "aot_import_module_aliases", "aot_precompile_available",
     "aot_program_bytes", "aot_program_load", "aot_signature", "aot_skip_guards", "aot_source_modules",
-    "SerializableCallable", "copy_many", "default_store", "register_backend_by_name", "tf32_matmuls", "tree_flatten",
+    "SerializableCallable", "copy_many", "default_store", "reduced_fp32_matmuls", "register_backend_by_name",
+    "tree_flatten",
     "tree_leaves", "tree_map", "tree_unflatten"
 ]

@@ -104,15 +104,19 @@ def _byte_views(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> tup
     return into, of
 
 
-def tf32_matmuls() -> bool:
-    """Whether fp32 CUDA matmuls may round their inputs to TF32, however it was set (`allow_tf32`,
-    `set_float32_matmul_precision`, `fp32_precision`). Read through `fp32_precision`, which every spelling sets:
-    torch warns when the legacy getter reads a setting made through the new API."""
-    matmul = torch.backends.cuda.matmul
-    precision = getattr(matmul, "fp32_precision", None)
+def reduced_fp32_matmuls(device_type: str) -> bool:
+    """Whether fp32 matmuls on `device_type` may round their inputs first (TF32 on CUDA; TF32 or bf16 through
+    oneDNN on the CPU), however it was set (`allow_tf32`, `set_float32_matmul_precision`, the `fp32_precision`
+    settings). Read through `fp32_precision`, which every spelling sets: torch warns when the legacy getter reads a
+    setting made through the new API."""
+    backend = {"cuda": torch.backends.cuda.matmul, "cpu": getattr(torch.backends.mkldnn, "matmul", None)}.get(
+        device_type)
+    precision = getattr(backend, "fp32_precision", None)
     if precision is None:
-        return bool(matmul.allow_tf32)
-    return precision == "tf32"
+        return device_type == "cuda" and bool(torch.backends.cuda.matmul.allow_tf32)
+    if precision == "none":   # unset for this backend: the generic setting decides
+        precision = getattr(torch.backends, "fp32_precision", "ieee")
+    return precision not in ("ieee", "none")
 
 
 # ---- torch.distributed --------------------------------------------------------------------------------------------

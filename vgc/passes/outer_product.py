@@ -12,7 +12,8 @@ Before / after, in a piece (`f` is [B, d/2, 1], `p` is [B, 1, T]):
 
 The product of one term is the same number either way: cuBLAS accumulates bf16/fp16 products in fp32 (exact for
 them) and rounds once, as Inductor's multiply does; an fp32 product is one rounding in both. Only TF32 changes
-that (cuBLAS rounds the fp32 inputs first), so fp32 products stay matmuls while TF32 matmuls are allowed.
+that (cuBLAS rounds the fp32 inputs first; so does oneDNN's TF32 or bf16 mode on the CPU), so fp32 products stay
+matmuls while their device's matmuls may round fp32 inputs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ _EXACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def options() -> dict:
     """What, besides this module's source, decides the pass's output (it joins the pass's cache identity)."""
-    return {"tf32": _compat.tf32_matmuls()}
+    return {"reduced_fp32": {device: _compat.reduced_fp32_matmuls(device) for device in ("cuda", "cpu")}}
 
 
 def rewrite_outer_products(graph: fx.Graph) -> int:
@@ -58,7 +59,7 @@ def _eligible(node: fx.Node, a, b) -> bool:
         return False
     if a_val.dtype not in _EXACT_DTYPES or b_val.dtype != a_val.dtype or b_val.device != a_val.device:
         return False
-    if a_val.dtype == torch.float32 and _compat.tf32_matmuls():
+    if a_val.dtype == torch.float32 and _compat.reduced_fp32_matmuls(a_val.device.type):
         return False
     # A K of 1 in the batch dims too: bmm's operands share their batch size, so the multiply broadcasts only M, N
     return bool(statically_known_true(a_val.shape[-1] == 1) and statically_known_true(b_val.shape[-2] == 1))
