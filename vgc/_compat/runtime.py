@@ -65,19 +65,15 @@ def tree_unflatten(leaves: list, spec):
 
 
 def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """`target.copy_(source)` for every pair, in one multi-tensor kernel on CUDA (the private
+    """`target.copy_(source)` for every pair, in one multi-tensor kernel per dtype on CUDA (the private
     `torch._foreach_copy_`). Torch takes that path only for lists of one dtype: given mixed ones (a decode step's
-    int64 ids and int32 lengths) it copies tensor by tensor, one memcpy launch each. Pairs of one dtype, shape and
-    strides are plain byte copies, so mixed dtypes go as bytes in one launch; other pairs go by dtype."""
+    int64 ids and int32 lengths) it copies tensor by tensor, one memcpy launch each, so the pairs go to it by
+    dtype."""
     if not targets:
         return
     first = targets[0].dtype
     if all(t.dtype is first for t in targets):
         torch._foreach_copy_(targets, sources)
-        return
-    as_bytes = _byte_views(targets, sources)
-    if as_bytes is not None:
-        torch._foreach_copy_(*as_bytes)
         return
     groups: dict[torch.dtype, tuple[list, list]] = {}
     for target, source in zip(targets, sources):
@@ -86,22 +82,6 @@ def copy_many(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
         of.append(source)
     for into, of in groups.values():
         torch._foreach_copy_(into, of)
-
-
-def _byte_views(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> tuple[list, list] | None:
-    """Each pair as uint8 views of the same bytes, or None when a pair is not a plain byte copy (a dtype or layout
-    change, a 0-dim tensor or a strided last dim, which no byte view can express)."""
-    into, of = [], []
-    for target, source in zip(targets, sources):
-        if (target.dtype is not source.dtype or target.dim() == 0 or target.shape != source.shape
-                or target.stride() != source.stride() or target.stride(-1) != 1 or target.device != source.device):
-            return None
-        try:
-            into.append(target.view(torch.uint8))
-            of.append(source.view(torch.uint8))
-        except RuntimeError:   # a tensor torch will not reinterpret (a conjugate or quantized view)
-            return None
-    return into, of
 
 
 def reduced_fp32_matmuls(device_type: str) -> bool:

@@ -39,9 +39,9 @@ def pad_into(buffer: torch.Tensor, value: torch.Tensor, dim: int, pad: int, pad_
 def pad_many(jobs: list[tuple[torch.Tensor, torch.Tensor, int, PadValue]], pad: int,
              slots: list[tuple] | None = None) -> list[torch.Tensor]:
     """`pad_into` for several (buffer, value, dim, pad value) at once: the copies, and the pad entries of a number,
-    go in one multi-tensor copy (`_compat.copy_many`), since every launch costs host time between replays. A
-    value that already is the front of its buffer (an engine writing into vgc's buffers directly) is not copied.
-    `slots`: each job's `buffer_slots`, when the caller keeps them."""
+    go in one multi-tensor copy per dtype, since every launch costs host time between replays. A value that
+    already is the front of its buffer (an engine writing into vgc's buffers directly) is not copied. `slots`:
+    each job's `buffer_slots`, when the caller keeps them."""
     if slots is None:
         slots = [buffer_slots(buffer, value.shape[dim], dim, pad) for buffer, value, dim, _ in jobs]
     targets, sources = [], []

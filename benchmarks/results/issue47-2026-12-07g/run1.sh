@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Seventh session of 2026-12-07, call 1: the input copies (copies.py), gpu tests of what changed or was never run
+# Seventh session of 2026-12-07, call 1: gpu tests of what changed or was never run
 # on a card (begun id check, the decoder's GEMVs, the integration's fused GEMVs and replays), then `vgc bench
 # generate` at batch 1 and 8: the anchor, the integration, and the integration with the outer_products pass off.
 set -uo pipefail
@@ -7,7 +7,6 @@ W=$(mktemp -d); nvidia-smi --query-gpu=name --format=csv,noheader | tee $W/card.
 unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=$(mktemp -d)/pyc PYTHONPATH=.
 save() { tar czf $OUT/call1.tgz -C $W .; }
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor
-timeout 60 python benchmarks/results/issue47-2026-12-07g/copies.py > $W/copies.txt 2>&1; cat $W/copies.txt; save
 timeout 130 python -m pytest -q -p no:cacheprovider -m gpu -rs tests/capture/test_request_checks.py \
   tests/ops/test_decode_step.py tests/integrations/test_transformers_integration.py tests/test_compat.py \
   tests/passes > $W/gpu_tests.txt 2>&1; echo "pytest rc $?" >> $W/gpu_tests.txt

@@ -1,5 +1,4 @@
 #!/usr/bin/env bash
-# Seventh session of 2026-12-07, a short call for the little device time left: the input copies (copies.py), the
 # kernels of both FULL decode graphs at batch 1 (the integration's with the strided values and outer_products),
 # and the integration's gpu test of its fused GEMVs.
 set -uo pipefail
@@ -7,7 +6,6 @@ W=$(mktemp -d); nvidia-smi --query-gpu=name --format=csv,noheader | tee $W/card.
 unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=$(mktemp -d)/pyc PYTHONPATH=.
 save() { tar czf $OUT/call3.tgz -C $W .; }
 C=$(mktemp -d); export VGC_CACHE_ROOT=$C/vgc TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor
-timeout 45 python benchmarks/results/issue47-2026-12-07g/copies.py > $W/copies.txt 2>&1; cat $W/copies.txt; save
 timeout 150 python benchmarks/profile_graph_kernels.py --batch 1 --json $W/kernels1.json > $W/kernels1.txt 2>&1
 grep -v Warn $W/kernels1.txt | grep -A14 "^## "; echo "profile done at ${SECONDS}s"; save
 timeout $(( 270 - SECONDS )) python -m pytest -q -p no:cacheprovider -m gpu -rs \
