@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Seventh session of 2026-12-07, a short call for the little device time left: the
 # kernels of both FULL decode graphs at batch 1 (the integration's with the strided values and outer_products),
 # and the integration's gpu test of its fused GEMVs.
 set -uo pipefail
