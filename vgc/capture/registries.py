@@ -19,6 +19,8 @@ import contextlib
 import sys
 from typing import Any, Iterator
 
+import torch
+
 # (module, attribute) of registries libraries read by key alone, keyed by `str(type(model))`; a module not yet
 # imported has no model of its library built, and nothing to lay out.
 KEYED_REGISTRIES = (("transformers.utils.output_capturing", "_CAN_RECORD_REGISTRY"),)
@@ -51,15 +53,17 @@ def laid_out_for(model: Any) -> Iterator[None]:
 
 
 def _class_keys(model: Any) -> list[str]:
-    """`str(type(m))` of `model` and its submodules, preorder, each once. The walk reads `_modules` itself: a
-    model copy being unpickled may hold placeholders that are not modules."""
-    keys, seen, stack = [], set(), [model]
+    """`str(type(m))` of `model` and its submodules, preorder, each once."""
+    return list(dict.fromkeys(str(type(module)) for module in submodules(model)))
+
+
+def submodules(model: Any) -> Iterator[Any]:
+    """`model` and the modules under it, preorder. The walk reads `_modules` itself and takes only modules from
+    it: a model copy being unpickled may hold placeholders there (Dynamo's saved guard state leaves the submodules
+    it does not guard so)."""
+    stack = [model]
     while stack:
         module = stack.pop()
-        key = str(type(module))
-        if key not in seen:
-            seen.add(key)
-            keys.append(key)
+        yield module
         children = getattr(module, "__dict__", {}).get("_modules") or {}
-        stack.extend(reversed([child for child in children.values() if child is not None]))
-    return keys
+        stack.extend(reversed([child for child in children.values() if isinstance(child, torch.nn.Module)]))

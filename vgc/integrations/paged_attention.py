@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from vgc.capture import registries
 from vgc.integrations import alibi, attention_probe
 from vgc.integrations.breakable_generate import refuse_unsupported
 
@@ -116,17 +117,14 @@ class FlatModel(torch.nn.Module):
 def _record_built_classes(model: torch.nn.Module) -> None:
     """What `PreTrainedModel.__init__` records per class (transformers' private registry of `_can_record_outputs`,
     keyed by the class's name: a dict in 5.17, a dict subclass later), for each Hugging Face model in `model` whose
-    class has no record yet. The walk takes only modules: Dynamo's saved guard state unpickles this class too, with
-    the submodules it does not guard left as placeholders."""
+    class has no record yet. Dynamo's saved guard state unpickles this class too, with the submodules it does not
+    guard left as placeholders: the walk (`registries.submodules`) takes only modules."""
     try:
         from transformers import PreTrainedModel
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:   # a transformers without the registry: nothing is recorded at build either
         return
-    stack = [model]
-    while stack:
-        module = stack.pop()
-        stack.extend(m for m in vars(module).get("_modules", {}).values() if isinstance(m, torch.nn.Module))
+    for module in registries.submodules(model):
         if isinstance(module, PreTrainedModel) and str(type(module)) not in _CAN_RECORD_REGISTRY:
             dict.__setitem__(_CAN_RECORD_REGISTRY, str(type(module)), getattr(module, "_can_record_outputs", None))
 
