@@ -316,7 +316,8 @@ class CompilationConfig:
         "decode on an H100, 185 -> 138 kernels) and 'skinny_matmul_rope' (on: q and k's rotary embedding in the "
         "fused qkv GEMV too, as vgc's Llama or transformers spell it; 1.03x more, 138 -> 108 kernels) and "
         "'outer_products' (on: a matmul whose inner dim is 1, such as transformers' rotary angles, as a multiply "
-        "that fuses into its neighbours; the same numbers, fp32 ones kept as matmuls while TF32 is allowed); "
+        "that fuses into its neighbours; the same numbers, fp32 ones kept as matmuls where their device's matmuls "
+        "round fp32 inputs: TF32, oneDNN's bf16); "
         "unnamed passes keep their default (see docs/architecture.md#graph-passes-vgcpasses).", _pass_config, in_hash=True, factory=dict)
     inductor_passes: dict[str, Any] = _field(
         "The user's graph passes, by name: torch `CustomGraphPass` objects or callables with a `uuid()`; run after "
